@@ -1,0 +1,41 @@
+// ccgraph/cuda/compat.hpp: the one place that knows about CUDA runtime API drift (12.x vs 13.x).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#if !defined(CUDART_VERSION) || CUDART_VERSION < 12000
+#error "ccgraph needs CUDA 12.0 or newer"
+#endif
+
+/// 1 when compiling against a CUDA runtime older than 13.0, else 0. CUDA 13 added an edge-data
+/// parameter to the graph topology queries (the CUDA 12.3+ `_v2` forms became the only forms).
+/// Test it with `#if CCGRAPH_CUDA_PRE13`; keep every use inside this header.
+#if CUDART_VERSION < 13000
+#define CCGRAPH_CUDA_PRE13 1
+#else
+#define CCGRAPH_CUDA_PRE13 0
+#endif
+
+namespace ccgraph::cuda::detail {
+
+/// Number of dependency edges of `graph` (cudaGraphGetEdges, either signature).
+inline cudaError_t graph_num_edges(cudaGraph_t graph, std::size_t* count) noexcept {
+#if CCGRAPH_CUDA_PRE13
+  return cudaGraphGetEdges(graph, nullptr, nullptr, count);
+#else
+  return cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, count);
+#endif
+}
+
+/// Number of nodes `node` depends on (cudaGraphNodeGetDependencies, either signature).
+inline cudaError_t graph_node_num_dependencies(cudaGraphNode_t node, std::size_t* count) noexcept {
+#if CCGRAPH_CUDA_PRE13
+  return cudaGraphNodeGetDependencies(node, nullptr, count);
+#else
+  return cudaGraphNodeGetDependencies(node, nullptr, nullptr, count);
+#endif
+}
+
+}  // namespace ccgraph::cuda::detail
