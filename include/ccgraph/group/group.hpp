@@ -1,0 +1,171 @@
+// ccgraph/group/group.hpp: the group forms collectives accept, and their one canonical form.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/group/device_mesh.hpp>
+
+namespace ccgraph {
+
+/// The canonical form every group description resolves to, for one calling rank: the sorted
+/// member ranks and a name ("0" for the world, a registered name, or the rank list).
+struct group_info {
+  std::string name;
+  std::vector<int> ranks;
+
+  /// Number of members.
+  int size() const { return static_cast<int>(ranks.size()); }
+  /// Position of `rank` among the members, or -1.
+  int index_of(int rank) const {
+    auto it = std::find(ranks.begin(), ranks.end(), rank);
+    return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  }
+  friend bool operator==(const group_info& a, const group_info& b) { return a.ranks == b.ranks; }
+};
+
+inline std::ostream& operator<<(std::ostream& os, const group_info& g) {
+  return os << g.name;
+}
+
+/// Names registered with a world: "0" is the world group. Shared by every rank of the world,
+/// so registering is thread-safe and a name can only ever mean one rank list.
+class group_registry {
+ public:
+  explicit group_registry(int world_size) {
+    std::vector<int> all(static_cast<std::size_t>(world_size));
+    for (int i = 0; i < world_size; ++i) all[static_cast<std::size_t>(i)] = i;
+    by_name_.emplace("0", all);
+    world_size_ = world_size;
+  }
+  /// Registers `name` for `ranks`; registering it again with the same ranks is a no-op, with
+  /// other ranks an error.
+  void add(const std::string& name, std::vector<int> ranks) {
+    ranks = canonical_ranks(std::move(ranks), world_size_, "register_group");
+    std::lock_guard lk(mu_);
+    auto [it, inserted] = by_name_.emplace(name, ranks);
+    CCGRAPH_CHECK(inserted || it->second == ranks, "register_group: name '", name,
+                  "' is already registered for ranks ", list_str(it->second), ", not ",
+                  list_str(ranks));
+  }
+  /// The ranks registered under `name`; an unknown name is an error.
+  std::vector<int> find(const std::string& name) const {
+    std::lock_guard lk(mu_);
+    auto it = by_name_.find(name);
+    if (it != by_name_.end()) return it->second;
+    std::string known;
+    for (auto& [n, r] : by_name_) known += (known.empty() ? "'" : ", '") + n + "'";
+    CCGRAPH_THROW(error, "group: no group named '", name, "' is registered (known: ", known, ")");
+  }
+  /// The canonical name of a rank list: "0" for the world, a registered name, or "[0, 1]".
+  std::string name_of(const std::vector<int>& ranks) const {
+    std::lock_guard lk(mu_);
+    for (auto& [n, r] : by_name_)
+      if (r == ranks) return n;
+    return list_str(ranks);
+  }
+  /// Number of ranks in the world.
+  int world_size() const { return world_size_; }
+
+  /// Sorted, validated ranks: in [0, world_size), no duplicates, not empty.
+  static std::vector<int> canonical_ranks(std::vector<int> ranks, int world_size, const char* what) {
+    CCGRAPH_CHECK(!ranks.empty(), what, ": a group needs at least one rank");
+    std::sort(ranks.begin(), ranks.end());
+    CCGRAPH_CHECK(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(), what,
+                  ": rank listed twice in group ", list_str(ranks));
+    for (int r : ranks)
+      CCGRAPH_CHECK(r >= 0 && (world_size <= 0 || r < world_size), what, ": rank ", r,
+                    " is out of range for world size ", world_size);
+    return ranks;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<int>> by_name_;
+  int world_size_ = 0;
+};
+
+/// A group as users write it: a rank list, a list of rank lists (MPMD: each rank uses the list
+/// it is in), a device mesh, a (mesh, dim) pair, or a registered name. `resolve` turns any of
+/// them into the same canonical group_info, so every form of one group behaves identically.
+class group {
+ public:
+  /// The ranks in `ranks`.
+  group(std::vector<int> ranks) : desc_(std::move(ranks)) {}  // NOLINT: implicit, like PyTorch
+  /// MPMD: the sub-list containing the calling rank. All sub-lists must have one size.
+  group(std::vector<std::vector<int>> lists) : desc_(check_mpmd(std::move(lists))) {}  // NOLINT
+  /// All ranks of a mesh.
+  group(const device_mesh& mesh) : desc_(mesh.ranks()) {}  // NOLINT: implicit
+  /// The group along mesh dimension `dim` that contains the calling rank.
+  group(const device_mesh& mesh, int dim) : desc_(check_mpmd(mesh.groups_along(dim))) {}
+  /// The group along the mesh dimension called `dim_name`.
+  group(const device_mesh& mesh, std::string_view dim_name)
+      : group(mesh, mesh.dim_index(dim_name)) {}
+  /// A name registered with the world ("0" is the world).
+  group(std::string name) : desc_(std::move(name)) {}  // NOLINT: implicit
+  /// A name registered with the world ("0" is the world).
+  group(const char* name) : desc_(std::string(name)) {}  // NOLINT: implicit
+
+  /// The canonical group for `rank`. `what` names the calling collective in errors, such as a
+  /// rank calling a collective on a group it is not a member of.
+  group_info resolve(int rank, const group_registry& reg, const char* what) const {
+    std::vector<int> ranks;
+    if (auto* r = std::get_if<std::vector<int>>(&desc_)) {
+      ranks = group_registry::canonical_ranks(*r, reg.world_size(), what);
+    } else if (auto* lists = std::get_if<std::vector<std::vector<int>>>(&desc_)) {
+      for (auto& l : *lists)
+        if (std::find(l.begin(), l.end(), rank) != l.end())
+          ranks = group_registry::canonical_ranks(l, reg.world_size(), what);
+      CCGRAPH_CHECK(!ranks.empty(), what, ": rank ", rank, " is in none of the groups ",
+                    lists_str(*lists));
+    } else {
+      ranks = reg.find(std::get<std::string>(desc_));
+    }
+    CCGRAPH_CHECK(std::find(ranks.begin(), ranks.end(), rank) != ranks.end(), what, ": rank ",
+                  rank, " is not a member of group ", list_str(ranks));
+    return {reg.name_of(ranks), std::move(ranks)};
+  }
+
+  /// The group size, without a calling rank (every MPMD sub-list has the same size); -1 for a
+  /// name, whose size needs the registry.
+  int size() const {
+    if (auto* r = std::get_if<std::vector<int>>(&desc_)) return static_cast<int>(r->size());
+    if (auto* l = std::get_if<std::vector<std::vector<int>>>(&desc_))
+      return static_cast<int>(l->front().size());
+    return -1;
+  }
+
+ private:
+  using lists_t = std::vector<std::vector<int>>;
+  static std::string lists_str(const lists_t& lists) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < lists.size(); ++i) s += (i ? ", " : "") + list_str(lists[i]);
+    return s + "]";
+  }
+  static lists_t check_mpmd(lists_t lists) {
+    CCGRAPH_CHECK(!lists.empty(), "group: an MPMD group needs at least one rank list");
+    for (auto& l : lists)
+      CCGRAPH_CHECK(l.size() == lists.front().size(), "group sizes must be identical found ",
+                    lists.front().size(), " and ", l.size());
+    std::vector<int> all;
+    for (auto& l : lists) all.insert(all.end(), l.begin(), l.end());
+    std::sort(all.begin(), all.end());
+    CCGRAPH_CHECK(std::adjacent_find(all.begin(), all.end()) == all.end(),
+                  "group: a rank appears in more than one list of ", lists_str(lists));
+    return lists;
+  }
+
+  std::variant<std::vector<int>, lists_t, std::string> desc_;
+};
+
+}  // namespace ccgraph

@@ -1,0 +1,242 @@
+// ccgraph/ops/collective_ops.hpp: the one definition of each collective: its attributes (a
+// Boost.Hana struct, so printing, hashing and equality are generic), and its shape/dtype
+// inference with the validation messages users see. Eager dispatch, the backends and (later)
+// the tracer and the cost model all read these.
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/define_struct.hpp>
+#include <boost/hana/equal.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/second.hpp>
+#include <boost/hana/first.hpp>
+#include <boost/hana/size.hpp>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/reduce_op.hpp>
+#include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/group/group.hpp>
+
+namespace ccgraph::ops {
+
+/// All-reduce: every member gets the reduction of all members' tensors.
+struct all_reduce {
+  BOOST_HANA_DEFINE_STRUCT(all_reduce, (reduce_op, op));
+  static constexpr std::string_view name = "all_reduce";
+};
+/// All-gather on dim 0: members' tensors concatenated in group order.
+struct all_gather_into_tensor {
+  BOOST_HANA_DEFINE_STRUCT(all_gather_into_tensor, (int, group_size));
+  static constexpr std::string_view name = "all_gather_into_tensor";
+};
+/// Reduce-scatter on dim 0: member i gets chunk i of the reduction.
+struct reduce_scatter_tensor {
+  BOOST_HANA_DEFINE_STRUCT(reduce_scatter_tensor, (reduce_op, op), (int, group_size));
+  static constexpr std::string_view name = "reduce_scatter_tensor";
+};
+/// All-to-all on dim 0 with (possibly uneven) split sizes, in group order.
+struct all_to_all_single {
+  BOOST_HANA_DEFINE_STRUCT(all_to_all_single, (std::vector<std::int64_t>, output_split_sizes),
+                           (std::vector<std::int64_t>, input_split_sizes));
+  static constexpr std::string_view name = "all_to_all_single";
+};
+/// Broadcast of the tensor of global rank `src` to every member.
+struct broadcast {
+  BOOST_HANA_DEFINE_STRUCT(broadcast, (int, src));
+  static constexpr std::string_view name = "broadcast";
+};
+/// all_reduce of several tensors in one launch.
+struct all_reduce_coalesced {
+  BOOST_HANA_DEFINE_STRUCT(all_reduce_coalesced, (reduce_op, op));
+  static constexpr std::string_view name = "all_reduce_coalesced";
+};
+/// all_gather_into_tensor of several tensors in one launch.
+struct all_gather_into_tensor_coalesced {
+  BOOST_HANA_DEFINE_STRUCT(all_gather_into_tensor_coalesced, (int, group_size));
+  static constexpr std::string_view name = "all_gather_into_tensor_coalesced";
+};
+/// reduce_scatter_tensor of several tensors in one launch.
+struct reduce_scatter_tensor_coalesced {
+  BOOST_HANA_DEFINE_STRUCT(reduce_scatter_tensor_coalesced, (reduce_op, op), (int, group_size));
+  static constexpr std::string_view name = "reduce_scatter_tensor_coalesced";
+};
+
+/// Any collective, with its attributes.
+using collective_op =
+    std::variant<all_reduce, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single,
+                 broadcast, all_reduce_coalesced, all_gather_into_tensor_coalesced,
+                 reduce_scatter_tensor_coalesced>;
+
+namespace detail {
+
+inline void print_attr(std::ostream& os, reduce_op v) { os << v; }
+inline void print_attr(std::ostream& os, int v) { os << v; }
+inline void print_attr(std::ostream& os, const std::vector<std::int64_t>& v) { os << list_str(v); }
+
+/// Reduce ops a dtype accepts, as c10d/NCCL define them.
+inline void check_reduce_dtype(std::string_view what, reduce_op op, dtype dt) {
+  if (is_bitwise(op))
+    CCGRAPH_CHECK(!is_floating(dt), what, ": reduce op ", op,
+                  " needs an integer or bool tensor, got ", dt);
+  if (dt == dtype::boolean)
+    CCGRAPH_CHECK(op != reduce_op::avg, what, ": reduce op avg is not supported for bool tensors");
+}
+
+inline void check_has_dim0(std::string_view what, const tensor_meta& m,
+                           const std::string& suffix = {}) {
+  CCGRAPH_CHECK(!m.shape.empty(), what, ": the input must have at least one dimension, got ",
+                m.str(), suffix);
+}
+
+inline tensor_meta gather_meta(std::string_view what, const tensor_meta& in, int n,
+                               std::size_t index = 0, bool coalesced = false) {
+  check_has_dim0(what, in, coalesced ? " for tensor at index " + std::to_string(index) : std::string());
+  tensor_meta out = in;
+  out.shape[0] *= n;
+  return out;
+}
+
+inline tensor_meta scatter_meta(std::string_view what, const tensor_meta& in, int n,
+                                std::size_t index = 0, bool coalesced = false) {
+  check_has_dim0(what, in);
+  CCGRAPH_CHECK(in.shape[0] % n == 0, what, ": dim 0 (size ", in.shape[0],
+                ") must be a multiple of group_size ", n,
+                coalesced ? " for tensor at index " + std::to_string(index) : std::string());
+  tensor_meta out = in;
+  out.shape[0] /= n;
+  return out;
+}
+
+inline void check_one_input(std::string_view what, std::size_t n) {
+  CCGRAPH_CHECK(n == 1, what, ": expects one input, got ", n);
+}
+
+}  // namespace detail
+
+/// Output metas of `op` on inputs `in` over group `g`, validating both: the same checks and
+/// messages for eager calls, backends and traced graphs.
+inline std::vector<tensor_meta> infer(const collective_op& op, const std::vector<tensor_meta>& in,
+                                      const group_info& g) {
+  const int n = g.size();
+  return std::visit(
+      [&](const auto& o) -> std::vector<tensor_meta> {
+        using O = std::decay_t<decltype(o)>;
+        constexpr std::string_view what = O::name;
+        if constexpr (std::is_same_v<O, all_reduce>) {
+          detail::check_one_input(what, in.size());
+          detail::check_reduce_dtype(what, o.op, in[0].dtype);
+          return {in[0]};
+        } else if constexpr (std::is_same_v<O, all_gather_into_tensor>) {
+          detail::check_one_input(what, in.size());
+          return {detail::gather_meta(what, in[0], n)};
+        } else if constexpr (std::is_same_v<O, reduce_scatter_tensor>) {
+          detail::check_one_input(what, in.size());
+          detail::check_reduce_dtype(what, o.op, in[0].dtype);
+          return {detail::scatter_meta(what, in[0], n)};
+        } else if constexpr (std::is_same_v<O, all_to_all_single>) {
+          detail::check_one_input(what, in.size());
+          detail::check_has_dim0(what, in[0]);
+          const auto& os = o.output_split_sizes;
+          const auto& is = o.input_split_sizes;
+          CCGRAPH_CHECK(static_cast<int>(is.size()) == n, what, ": input_split_sizes ",
+                        list_str(is), " has ", is.size(), " entries for group_size ", n);
+          CCGRAPH_CHECK(static_cast<int>(os.size()) == n, what, ": output_split_sizes ",
+                        list_str(os), " has ", os.size(), " entries for group_size ", n);
+          for (auto v : is) CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(is));
+          for (auto v : os) CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(os));
+          const auto isum = std::accumulate(is.begin(), is.end(), std::int64_t{0});
+          CCGRAPH_CHECK(isum == in[0].shape[0], what, ": input_split_sizes ", list_str(is),
+                        " sum to ", isum, " but the input's dim 0 has size ", in[0].shape[0]);
+          tensor_meta out = in[0];
+          out.shape[0] = std::accumulate(os.begin(), os.end(), std::int64_t{0});
+          return {out};
+        } else if constexpr (std::is_same_v<O, broadcast>) {
+          detail::check_one_input(what, in.size());
+          CCGRAPH_CHECK(g.index_of(o.src) >= 0, what, ": src rank ", o.src,
+                        " is not a member of group ", list_str(g.ranks));
+          return {in[0]};
+        } else {
+          CCGRAPH_CHECK(!in.empty(), what, ": expects at least one input tensor");
+          std::vector<tensor_meta> out;
+          for (std::size_t i = 0; i < in.size(); ++i) {
+            if constexpr (std::is_same_v<O, all_reduce_coalesced>) {
+              detail::check_reduce_dtype(what, o.op, in[i].dtype);
+              out.push_back(in[i]);
+            } else if constexpr (std::is_same_v<O, all_gather_into_tensor_coalesced>) {
+              out.push_back(detail::gather_meta(what, in[i], n, i, true));
+            } else {
+              detail::check_reduce_dtype(what, o.op, in[i].dtype);
+              out.push_back(detail::scatter_meta(what, in[i], n, i, true));
+            }
+          }
+          return out;
+        }
+      },
+      op);
+}
+
+/// The op's name ("all_reduce", ...).
+inline std::string_view name_of(const collective_op& op) {
+  return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::name; }, op);
+}
+
+/// Call-shaped text for messages: "all_reduce(f32[4, 4], op=sum, group=[0, 1])". Attributes are
+/// printed generically from the Hana struct.
+inline std::string describe(const collective_op& op, const std::vector<tensor_meta>& in,
+                            const group_info& g) {
+  std::ostringstream os;
+  std::visit(
+      [&](const auto& o) {
+        os << std::decay_t<decltype(o)>::name << '(';
+        for (std::size_t i = 0; i < in.size(); ++i) os << (i ? ", " : "") << in[i].str();
+        boost::hana::for_each(boost::hana::accessors<std::decay_t<decltype(o)>>(), [&](auto acc) {
+          os << ", " << boost::hana::to<char const*>(boost::hana::first(acc)) << '=';
+          detail::print_attr(os, boost::hana::second(acc)(o));
+        });
+      },
+      op);
+  os << ", group=" << list_str(g.ranks) << ')';
+  return os.str();
+}
+
+/// What every member of one collective must agree on: the op and its attributes, the group,
+/// and the input metas, except for what legitimately differs per rank (all_to_all_single's split
+/// sizes and dim 0). Compared structurally (Hana's generic equality), formatted only for errors.
+struct signature {
+  collective_op op;
+  std::vector<int> ranks;
+  std::vector<tensor_meta> inputs;
+
+  signature(const collective_op& o, const std::vector<tensor_meta>& in, const group_info& g)
+      : op(o), ranks(g.ranks), inputs(in) {
+    if (std::holds_alternative<all_to_all_single>(op)) {
+      op = all_to_all_single{};
+      for (auto& m : inputs)
+        if (!m.shape.empty()) m.shape[0] = -1;
+    }
+  }
+  friend bool operator==(const signature& a, const signature& b) {
+    if (a.op.index() != b.op.index() || a.ranks != b.ranks || a.inputs != b.inputs) return false;
+    return std::visit(
+        [&](const auto& x) {
+          return bool(boost::hana::equal(x, std::get<std::decay_t<decltype(x)>>(b.op)));
+        },
+        a.op);
+  }
+  /// The call-shaped description, with "?" for the parts allowed to differ.
+  std::string str() const {
+    auto s = describe(op, inputs, group_info{"", ranks});
+    for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
+    return s;
+  }
+};
+
+}  // namespace ccgraph::ops

@@ -1,0 +1,60 @@
+// ccgraph/runtime/communicator.hpp: what a backend is given to run one collective, and the
+// interface every backend (threads, nccl, the tracer's fake) implements.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/group/group.hpp>
+#include <ccgraph/ops/collective_ops.hpp>
+#include <ccgraph/tensor/async.hpp>
+#include <ccgraph/tensor/storage.hpp>
+
+namespace ccgraph::detail {
+
+/// A contiguous, type-erased tensor: storage (kept alive), element offset and meta.
+struct buffer {
+  std::shared_ptr<storage> st;
+  std::int64_t offset = 0;
+  tensor_meta meta;
+
+  /// Typed pointer to the first element.
+  template <class T>
+  T* data() const {
+    return static_cast<T*>(st->data()) + offset;
+  }
+};
+
+/// One collective as issued by one rank: the op with its attributes, the resolved group, the
+/// (contiguous) inputs and the outputs the backend must fill.
+struct collective_request {
+  ops::collective_op op;
+  group_info group;
+  int rank = 0;  // the issuing (global) rank
+  std::vector<buffer> inputs;
+  std::vector<buffer> outputs;
+
+  /// Input metas, for messages and matching.
+  std::vector<tensor_meta> input_metas() const {
+    std::vector<tensor_meta> m;
+    for (auto& b : inputs) m.push_back(b.meta);
+    return m;
+  }
+  /// "all_reduce(f32[4, 4], op=sum, group=[0, 1])".
+  std::string describe() const { return ops::describe(op, input_metas(), group); }
+};
+
+/// A backend's per-rank endpoint. `launch` starts the collective asynchronously and returns the
+/// completion its outputs are pending on; it throws at once for errors it can see at issue time
+/// (a world already aborted, ranks that disagree about the collective).
+class communicator {
+ public:
+  virtual ~communicator() = default;
+  /// Starts `req`; the returned work completes when the outputs are written.
+  virtual work_ptr launch(std::shared_ptr<collective_request> req) = 0;
+};
+
+}  // namespace ccgraph::detail

@@ -1,0 +1,153 @@
+// ccgraph/runtime/cpu_collectives.hpp: how a CPU backend computes one member's outputs of a
+// collective once every member's request is in hand. The threads backend calls this on each
+// rank's communication worker; all members reduce in group order, so every rank's result is
+// bitwise identical.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/reduce_op.hpp>
+#include <ccgraph/runtime/communicator.hpp>
+#include <ccgraph/tensor/strided.hpp>
+
+namespace ccgraph::detail {
+
+/// Applies reduce op `Op` to two values in accumulation type A. bool follows c10d's NCCL
+/// mapping (sum and max are "or", product and min are "and").
+template <reduce_op Op, class A>
+inline A reduce_pair(A a, A b) {
+  if constexpr (std::is_same_v<A, bool>) {
+    if constexpr (Op == reduce_op::sum || Op == reduce_op::max || Op == reduce_op::bor) return a || b;
+    else if constexpr (Op == reduce_op::bxor) return a != b;
+    else return a && b;  // product, min, band
+  } else if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+    return static_cast<A>(a + b);
+  } else if constexpr (Op == reduce_op::product) {
+    return static_cast<A>(a * b);
+  } else if constexpr (Op == reduce_op::min) {
+    return b < a ? b : a;
+  } else if constexpr (Op == reduce_op::max) {
+    return a < b ? b : a;
+  } else if constexpr (std::is_integral_v<A>) {
+    if constexpr (Op == reduce_op::band) return static_cast<A>(a & b);
+    else if constexpr (Op == reduce_op::bor) return static_cast<A>(a | b);
+    else return static_cast<A>(a ^ b);
+  } else {
+    return a;  // bitwise ops on floats are rejected by ops::infer before we get here
+  }
+}
+
+/// Calls `f(std::integral_constant<reduce_op, op>{})`: the switch that keeps the op out of the
+/// element loop.
+template <class F>
+void visit_reduce_op(reduce_op op, F&& f) {
+  switch (op) {
+    case reduce_op::sum: return f(std::integral_constant<reduce_op, reduce_op::sum>{});
+    case reduce_op::avg: return f(std::integral_constant<reduce_op, reduce_op::avg>{});
+    case reduce_op::product: return f(std::integral_constant<reduce_op, reduce_op::product>{});
+    case reduce_op::min: return f(std::integral_constant<reduce_op, reduce_op::min>{});
+    case reduce_op::max: return f(std::integral_constant<reduce_op, reduce_op::max>{});
+    case reduce_op::band: return f(std::integral_constant<reduce_op, reduce_op::band>{});
+    case reduce_op::bor: return f(std::integral_constant<reduce_op, reduce_op::bor>{});
+    case reduce_op::bxor: return f(std::integral_constant<reduce_op, reduce_op::bxor>{});
+  }
+}
+
+/// out[i] = reduce over k of ins[k][i], in the order of `ins`, accumulating in compute_t<T>;
+/// avg divides the sum by the number of inputs (integer division for integer types, as NCCL).
+template <class T>
+void reduce_buffers(T* out, const std::vector<const T*>& ins, std::int64_t count, reduce_op op) {
+  using A = std::conditional_t<std::is_same_v<T, bool>, bool, compute_t<T>>;
+  constexpr std::int64_t block = 1024;  // accumulate a block across all inputs, then store
+  A acc[block];
+  visit_reduce_op(op, [&](auto opc) {
+    constexpr reduce_op Op = decltype(opc)::value;
+    for (std::int64_t base = 0; base < count; base += block) {
+      const std::int64_t len = std::min(block, count - base);
+      const T* first = ins[0] + base;
+      for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(first[i]);
+      for (std::size_t k = 1; k < ins.size(); ++k) {
+        const T* in = ins[k] + base;
+        for (std::int64_t i = 0; i < len; ++i) acc[i] = reduce_pair<Op, A>(acc[i], static_cast<A>(in[i]));
+      }
+      if constexpr (Op == reduce_op::avg && !std::is_same_v<A, bool>) {
+        const A n = static_cast<A>(ins.size());
+        for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / n);
+      }
+      T* o = out + base;
+      for (std::int64_t i = 0; i < len; ++i) o[i] = cast<T>(acc[i]);
+    }
+  });
+}
+
+/// Computes member `me`'s outputs of one collective from all members' requests (`all`, in group
+/// order). Throws for disagreements only visible with every request in hand (all_to_all split
+/// sizes that do not pair up).
+inline void run_cpu_collective(const collective_request& mine,
+                               const std::vector<const collective_request*>& all, int me) {
+  const int n = static_cast<int>(all.size());
+  visit_dtype(mine.inputs.at(0).meta.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto bytes_of = [](const buffer& b) { return numel_of(b.meta.shape) * static_cast<std::int64_t>(sizeof(T)); };
+    auto reduce_chunk = [&](std::size_t k, reduce_op op, std::int64_t chunk_index) {
+      const std::int64_t count = numel_of(mine.outputs[k].meta.shape);
+      std::vector<const T*> ins;
+      for (auto* r : all) ins.push_back(r->inputs[k].template data<T>() + chunk_index * count);
+      reduce_buffers<T>(mine.outputs[k].template data<T>(), ins, count, op);
+    };
+    auto gather = [&](std::size_t k) {
+      auto* out = reinterpret_cast<std::byte*>(mine.outputs[k].template data<T>());
+      for (auto* r : all) {
+        const auto b = bytes_of(r->inputs[k]);
+        if (b) std::memcpy(out, r->inputs[k].template data<T>(), static_cast<std::size_t>(b));
+        out += b;
+      }
+    };
+    std::visit(
+        [&](const auto& o) {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
+            for (std::size_t k = 0; k < mine.inputs.size(); ++k) reduce_chunk(k, o.op, 0);
+          } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
+                               std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
+            for (std::size_t k = 0; k < mine.inputs.size(); ++k) reduce_chunk(k, o.op, me);
+          } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
+                               std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
+            for (std::size_t k = 0; k < mine.inputs.size(); ++k) gather(k);
+          } else if constexpr (std::is_same_v<O, ops::broadcast>) {
+            const auto& src = all[static_cast<std::size_t>(mine.group.index_of(o.src))]->inputs[0];
+            const auto b = bytes_of(src);
+            if (b) std::memcpy(mine.outputs[0].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
+          } else if constexpr (std::is_same_v<O, ops::all_to_all_single>) {
+            const auto& in_shape = mine.inputs[0].meta.shape;
+            std::int64_t row = 1;
+            for (std::size_t d = 1; d < in_shape.size(); ++d) row *= in_shape[d];
+            T* out = mine.outputs[0].template data<T>();
+            for (int j = 0; j < n; ++j) {
+              const auto& peer = std::get<ops::all_to_all_single>(all[j]->op);
+              const std::int64_t want = o.output_split_sizes[j];
+              const std::int64_t sent = peer.input_split_sizes[me];
+              CCGRAPH_CHECK(want == sent, "all_to_all_single: rank ", mine.rank, " expects ", want,
+                            " rows from rank ", all[j]->rank, " (output_split_sizes[", j,
+                            "]) but rank ", all[j]->rank, " sends ", sent,
+                            " (its input_split_sizes[", me, "])");
+              std::int64_t src_row = 0;
+              for (int i = 0; i < me; ++i) src_row += peer.input_split_sizes[i];
+              const T* src = all[j]->inputs[0].template data<T>() + src_row * row;
+              if (want * row != 0) std::memcpy(out, src, static_cast<std::size_t>(want * row) * sizeof(T));
+              out += want * row;
+            }
+          }
+        },
+        mine.op);
+  });
+}
+
+}  // namespace ccgraph::detail
