@@ -1,7 +1,9 @@
 // ccgraph/core/shape.hpp: shapes, strides and the dimension arithmetic every op validates with.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <ostream>
 #include <sstream>

@@ -269,10 +269,7 @@ class tensor {
   /// Tiles the tensor: dim i repeated `times[i]` times (PyTorch's repeat; extra leading
   /// entries add dimensions).
   tensor repeat(const std::vector<std::int64_t>& times) const {
-    CCGRAPH_CHECK(times.size() >= shape_.size(), "repeat: ", times.size(),
-                  " repeat counts for a tensor of rank ", shape_.size(),
-                  "; need at least one per dimension");
-    for (auto r : times) CCGRAPH_CHECK(r >= 0, "repeat: negative count in ", list_str(times));
+    (void)repeat_shape(shape_, times);  // validates
     const std::size_t extra = times.size() - shape_.size();
     shape_t in_shape(extra, 1);
     in_shape.insert(in_shape.end(), shape_.begin(), shape_.end());
@@ -296,6 +293,19 @@ class tensor {
     detail::for_each_offset<2>(split, {&dst_split, &src_split}, [&](auto o) { d[o[0]] = s[o[1]]; });
     return out;
   }
+  /// The shape of `repeat(times)` on a tensor of `shape`; throws for too few or negative counts.
+  static shape_t repeat_shape(const shape_t& shape, const std::vector<std::int64_t>& times) {
+    CCGRAPH_CHECK(times.size() >= shape.size(), "repeat: ", times.size(),
+                  " repeat counts for a tensor of rank ", shape.size(),
+                  "; need at least one per dimension");
+    for (auto r : times) CCGRAPH_CHECK(r >= 0, "repeat: negative count in ", list_str(times));
+    shape_t out(times.size());
+    const std::size_t extra = times.size() - shape.size();
+    for (std::size_t i = 0; i < times.size(); ++i)
+      out[i] = times[i] * (i < extra ? 1 : shape[i - extra]);
+    return out;
+  }
+
   /// A copy converted to element type U.
   template <element U>
   tensor<U> to() const {

@@ -1,0 +1,39 @@
+// ccgraph/tensor/any_tensor.hpp: a tensor of any element type, for the code that handles values
+// whose type is only known at run time (graph executors, backends).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <variant>
+
+#include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+
+namespace ccgraph {
+
+/// One tensor<T> of any element type.
+using any_tensor = std::variant<tensor<float>, tensor<double>, tensor<std::int32_t>,
+                                tensor<std::int64_t>, tensor<std::uint8_t>, tensor<bool>,
+                                tensor<bf16>, tensor<f16>>;
+
+/// Element type and shape of `t`.
+inline tensor_meta meta_of(const any_tensor& t) {
+  return std::visit([](const auto& x) { return tensor_meta{x.dtype(), x.shape()}; }, t);
+}
+
+/// The tensor<T> inside `t`; a different element type is an error naming both.
+template <element T>
+const tensor<T>& get_tensor(const any_tensor& t, const char* what) {
+  const auto* p = std::get_if<tensor<T>>(&t);
+  CCGRAPH_CHECK(p != nullptr, what, ": expected a ", dtype_v<T>, " tensor, got ", meta_of(t).str());
+  return *p;
+}
+
+/// A new uninitialised tensor of the given meta.
+inline any_tensor empty_like_meta(const tensor_meta& m) {
+  return visit_dtype(m.dtype, [&](auto tag) -> any_tensor {
+    return tensor<decltype(tag)>::empty(m.shape);
+  });
+}
+
+}  // namespace ccgraph
