@@ -42,11 +42,12 @@ inline std::ostream& operator<<(std::ostream& os, const group_info& g) {
 /// so registering is thread-safe and a name can only ever mean one rank list.
 class group_registry {
  public:
-  explicit group_registry(int world_size) {
+  /// A registry for a world of `world_size` ranks (0: unknown, as in a trace without a world).
+  explicit group_registry(int world_size) : world_size_(world_size) {
+    if (world_size <= 0) return;
     std::vector<int> all(static_cast<std::size_t>(world_size));
     for (int i = 0; i < world_size; ++i) all[static_cast<std::size_t>(i)] = i;
     by_name_.emplace("0", all);
-    world_size_ = world_size;
   }
   /// Registers `name` for `ranks`; registering it again with the same ranks is a no-op, with
   /// other ranks an error.
@@ -60,12 +61,20 @@ class group_registry {
   }
   /// The ranks registered under `name`; an unknown name is an error.
   std::vector<int> find(const std::string& name) const {
+    CCGRAPH_CHECK(name != "0" || world_size_ > 0,
+                  "group: the world group '0' needs a world size; trace inside run_threads or "
+                  "pass cg::trace_options{.world_size = N}");
     std::lock_guard lk(mu_);
     auto it = by_name_.find(name);
     if (it != by_name_.end()) return it->second;
     std::string known;
     for (auto& [n, r] : by_name_) known += (known.empty() ? "'" : ", '") + n + "'";
     CCGRAPH_THROW(error, "group: no group named '", name, "' is registered (known: ", known, ")");
+  }
+  /// Registers every name of `other` here (a trace's fake world copies its rank's names).
+  void copy_names_from(const group_registry& other) {
+    std::scoped_lock lk(mu_, other.mu_);
+    for (auto& [n, r] : other.by_name_) by_name_.insert_or_assign(n, r);
   }
   /// The canonical name of a rank list: "0" for the world, a registered name, or "[0, 1]".
   std::string name_of(const std::vector<int>& ranks) const {

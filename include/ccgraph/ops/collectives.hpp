@@ -1,7 +1,8 @@
-// ccgraph/ops/collectives.hpp: the functional collectives of PyTorch's _functional_collectives,
-// eagerly: inputs are never modified and results are pending tensors, waited at first use.
-// Each call resolves its group, validates through the op's one definition (ops::infer) and
-// launches on the calling rank's communicator.
+// ccgraph/ops/collectives.hpp: the functional collectives of PyTorch's _functional_collectives.
+// Inputs are never modified and results are pending, waited at first use. Each function is
+// written once for every kind of value: on tensors it launches on the calling rank's
+// communicator; on symbolic values (inside cg::trace) it records the collective and its wait.
+// Either way it validates through the op's one definition (ops::infer).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <ccgraph/expr/fwd.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
+#include <ccgraph/ops/shape_ops.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -26,16 +28,20 @@ buffer to_buffer(const tensor<T>& t) {
   return {t.storage(), t.storage_offset(), {dtype_v<T>, t.shape()}};
 }
 
-/// Launches `op` on `inputs` over `g` from the calling rank; returns one pending output per
-/// op output. Inputs that are not contiguous are copied first (as PyTorch requires contiguous
-/// inputs); pending contiguous inputs are passed without waiting, since a rank's collectives
-/// run in issue order.
+/// Launches `op` on `inputs` over the resolved group `gi` on `ctx`'s communicator; returns one
+/// pending output per op output. Eager calls and the graph executor both launch through here.
+/// Inputs that are not contiguous are copied first (as PyTorch requires contiguous inputs);
+/// pending contiguous inputs are passed without waiting, since a rank's collectives run in
+/// issue order. With `into` (one contiguous tensor per op output, of the inferred shapes: the
+/// executor's planned buffers) the results are written there instead of into new tensors; an
+/// output may share its bytes with its own input (an in-place all_reduce), which every backend
+/// supports.
 template <class T>
-std::vector<tensor<T>> launch_collective(const char* what, ops::collective_op op, const group& g,
-                                         const std::vector<tensor<T>>& inputs) {
-  rank_context& ctx = current_rank(what);
+std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, ops::collective_op op,
+                                         group_info gi, const std::vector<tensor<T>>& inputs,
+                                         const std::vector<tensor<T>>* into = nullptr) {
   auto req = std::make_shared<collective_request>();
-  req->group = ctx.resolve(g, what);
+  req->group = std::move(gi);
   std::vector<tensor_meta> metas;
   metas.reserve(inputs.size());
   for (auto& t : inputs) {
@@ -48,72 +54,99 @@ std::vector<tensor<T>> launch_collective(const char* what, ops::collective_op op
   const std::vector<tensor_meta> out_metas = ops::infer(op, metas, req->group);
   std::vector<tensor<T>> outs;
   outs.reserve(out_metas.size());
-  for (auto& m : out_metas) {
-    outs.push_back(tensor<T>::empty(m.shape));
-    req->outputs.push_back(to_buffer(outs.back()));
+  if (into) {
+    CCGRAPH_CHECK(into->size() == out_metas.size(), what, ": ", into->size(), " output buffers for ",
+                  out_metas.size(), " outputs");
+    for (std::size_t k = 0; k < out_metas.size(); ++k) {
+      const tensor<T>& o = (*into)[k];
+      CCGRAPH_CHECK(o.shape() == out_metas[k].shape && o.is_contiguous() && o.device() == ctx.device(), what,
+                    ": output buffer ", k, " of shape ", shape_str(o.shape()),
+                    " is not a contiguous tensor of the result's shape ", shape_str(out_metas[k].shape),
+                    " on ", ctx.device());
+      outs.push_back(o);
+    }
+  } else {
+    for (auto& m : out_metas) outs.push_back(tensor<T>::empty(m.shape));
   }
+  for (auto& o : outs) req->outputs.push_back(to_buffer(o));
   req->op = std::move(op);
   work_ptr w = ctx.comm().launch(std::move(req));
-  for (auto& o : outs) o = tensor<T>(o.storage(), o.shape(), o.strides(), 0, w);
+  for (auto& o : outs) o = tensor<T>(o.storage(), o.shape(), o.strides(), o.storage_offset(), w);
   return outs;
 }
 
-template <class T>
-tensor<T> launch_one(const char* what, ops::collective_op op, const group& g, const tensor<T>& t) {
-  return std::move(launch_collective<T>(what, std::move(op), g, {t}).front());
-}
+/// How values of type V take part in collectives: the calling rank's view of a group, and
+/// issuing. Specialised for tensor<T> here (launch on the rank's communicator) and for
+/// symbolic<T> by the tracer (record nodes against its fake world).
+template <class V>
+struct collective_backend;
 
-/// Group size as the calling rank sees `g` (needs the rank's registry for names).
-inline int group_size_of(const group& g, const char* what) {
-  rank_context& ctx = current_rank(what);
-  return ctx.resolve(g, what).size();
-}
-
-/// Chunks `t` into `n` pieces along `dim` and concatenates them along dim 0 (or the reverse):
-/// how gather and scatter on dim != 0 are built from the dim-0 collectives, as in PyTorch.
 template <class T>
-tensor<T> regroup(const tensor<T>& t, int n, int from_dim, int to_dim) {
-  auto pieces = t.chunk(n, from_dim);
-  shape_t shape = pieces.front().shape();
-  shape[static_cast<std::size_t>(to_dim)] = 0;
-  for (auto& p : pieces) shape[static_cast<std::size_t>(to_dim)] += p.shape()[static_cast<std::size_t>(to_dim)];
-  auto out = tensor<T>::empty(shape);
-  std::int64_t at = 0;
-  for (auto& p : pieces) {
-    const auto len = p.shape()[static_cast<std::size_t>(to_dim)];
-    out.narrow(to_dim, at, len).copy_(p);
-    at += len;
+struct collective_backend<tensor<T>> {
+  static group_info resolve(const group& g, const char* what) { return current_rank(what).resolve(g, what); }
+  static int rank(const char* what) { return current_rank(what).rank(); }
+  static std::vector<tensor<T>> issue(const char* what, ops::collective_op op, const group_info& gi,
+                                      const std::vector<tensor<T>>& inputs) {
+    return launch_collective<T>(current_rank(what), what, std::move(op), gi, inputs);
   }
-  return out;
+};
+
+/// The value an operand stands for: a tensor or symbolic value as is; an expression evaluated
+/// (or, when traced, materialised as one fused node).
+template <class X>
+auto as_value(const X& x) {
+  using V = std::remove_cvref_t<X>;
+  if constexpr (is_tensor_v<V> || is_symbolic_v<V>) return x;
+  else if constexpr (is_traced_v<V>) return symbolic<typename V::value_type>(x);
+  else return x.eval();
 }
 
-template <class X>
-auto as_tensor(const X& x) {
-  if constexpr (is_expression_v<X>) return x.eval();
-  else return x;
+template <class V>
+std::vector<V> issue(const char* what, ops::collective_op op, const group& g, const std::vector<V>& inputs) {
+  const group_info gi = collective_backend<V>::resolve(g, what);
+  return collective_backend<V>::issue(what, std::move(op), gi, inputs);
+}
+
+template <class V>
+V issue_one(const char* what, ops::collective_op op, const group& g, const V& input) {
+  return std::move(issue<V>(what, std::move(op), g, {input}).front());
+}
+
+template <class V>
+int group_size_of(const group& g, const char* what) {
+  return collective_backend<V>::resolve(g, what).size();
+}
+
+/// Chunks `t` into `n` pieces along `from_dim` and concatenates them along `to_dim`: how gather
+/// and scatter on dim != 0 are built from the dim-0 collectives, as in PyTorch.
+template <class V>
+V regroup(const V& t, int n, int from_dim, int to_dim) {
+  return cat(t.chunk(n, from_dim), to_dim);
 }
 
 }  // namespace detail
 
-/// A tensor or a lazy expression (evaluated before the collective).
+/// What collectives take: a tensor, a symbolic value, or a lazy expression of either.
 template <class X>
-concept collective_input = tensor_type<X> || expression<X>;
+concept collective_input =
+    tensor_type<X> || expression<X> || is_symbolic_v<std::remove_cvref_t<X>>;
 
 /// Reduces `t` across the group; every member gets the result. The input is left unmodified;
 /// the result is pending until first used.
 template <collective_input X>
 auto all_reduce(const X& t, reduce_op_arg op, const group& g) {
-  return detail::launch_one("all_reduce", ops::all_reduce{op}, g, detail::as_tensor(t));
+  return detail::issue_one("all_reduce", ops::all_reduce{op}, g, detail::as_value(t));
 }
 
 /// Gathers every member's `t` and concatenates along `gather_dim` (dim 0 natively; other dims
 /// gather on dim 0, then chunk and concatenate, which waits).
 template <collective_input X>
 auto all_gather_tensor(const X& x, std::int64_t gather_dim, const group& g) {
-  auto t = detail::as_tensor(x);
+  auto t = detail::as_value(x);
+  using V = decltype(t);
   const int dim = normalize_dim(gather_dim, t.shape().size(), "all_gather_tensor");
-  const int n = detail::group_size_of(g, "all_gather_tensor");
-  auto out = detail::launch_one("all_gather_into_tensor", ops::all_gather_into_tensor{n}, g, t);
+  const int n = detail::group_size_of<V>(g, "all_gather_tensor");
+  auto out = detail::issue_one("all_gather_into_tensor", ops::all_gather_into_tensor{n}, g, t);
   if (dim == 0) return out;
   return detail::regroup(out, n, 0, dim);
 }
@@ -122,16 +155,17 @@ auto all_gather_tensor(const X& x, std::int64_t gather_dim, const group& g) {
 /// be a multiple of the group size.
 template <collective_input X>
 auto reduce_scatter_tensor(const X& x, reduce_op_arg op, std::int64_t scatter_dim, const group& g) {
-  auto t = detail::as_tensor(x);
-  CCGRAPH_CHECK(t.dim() > 0, "reduce_scatter_tensor: the input must have at least one dimension, "
-                "got a 0-d tensor");
+  auto t = detail::as_value(x);
+  using V = decltype(t);
+  CCGRAPH_CHECK(!t.shape().empty(), "reduce_scatter_tensor: the input must have at least one "
+                "dimension, got a 0-d tensor");
   const int dim = normalize_dim(scatter_dim, t.shape().size(), "reduce_scatter_tensor");
-  const int n = detail::group_size_of(g, "reduce_scatter_tensor");
+  const int n = detail::group_size_of<V>(g, "reduce_scatter_tensor");
   CCGRAPH_CHECK(t.shape()[static_cast<std::size_t>(dim)] % n == 0, "reduce_scatter_tensor: dim ",
                 scatter_dim, " (size ", t.shape()[static_cast<std::size_t>(dim)],
                 ") must be a multiple of group_size ", n);
   auto in = dim == 0 ? t : detail::regroup(t, n, dim, 0);
-  return detail::launch_one("reduce_scatter_tensor", ops::reduce_scatter_tensor{op, n}, g, in);
+  return detail::issue_one("reduce_scatter_tensor", ops::reduce_scatter_tensor{op, n}, g, in);
 }
 
 /// Splits `t` along dim 0 by `input_split_sizes` and sends piece j to member j; receives
@@ -139,14 +173,15 @@ auto reduce_scatter_tensor(const X& x, reduce_op_arg op, std::int64_t scatter_di
 template <collective_input X>
 auto all_to_all_single(const X& x, std::optional<std::vector<std::int64_t>> output_split_sizes,
                        std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g) {
-  auto t = detail::as_tensor(x);
+  auto t = detail::as_value(x);
+  using V = decltype(t);
   CCGRAPH_CHECK(output_split_sizes.has_value() == input_split_sizes.has_value(),
                 "all_to_all_single: output_split_sizes and input_split_sizes must either be "
                 "specified together or both set to None (got ",
                 output_split_sizes ? list_str(*output_split_sizes) : std::string("None"), " and ",
                 input_split_sizes ? list_str(*input_split_sizes) : std::string("None"), ")");
   if (!output_split_sizes) {
-    const int n = detail::group_size_of(g, "all_to_all_single");
+    const int n = detail::group_size_of<V>(g, "all_to_all_single");
     CCGRAPH_CHECK(!t.shape().empty() && t.shape()[0] % n == 0, "all_to_all_single: dim 0 (size ",
                   t.shape().empty() ? 0 : t.shape()[0], ") must be a multiple of group_size ", n,
                   " when no split sizes are given");
@@ -154,7 +189,7 @@ auto all_to_all_single(const X& x, std::optional<std::vector<std::int64_t>> outp
     output_split_sizes = even;
     input_split_sizes = even;
   }
-  return detail::launch_one(
+  return detail::issue_one(
       "all_to_all_single",
       ops::all_to_all_single{std::move(*output_split_sizes), std::move(*input_split_sizes)}, g, t);
 }
@@ -162,7 +197,7 @@ auto all_to_all_single(const X& x, std::optional<std::vector<std::int64_t>> outp
 /// Every member gets the tensor of global rank `src`.
 template <collective_input X>
 auto broadcast(const X& t, int src, const group& g) {
-  return detail::launch_one("broadcast", ops::broadcast{src}, g, detail::as_tensor(t));
+  return detail::issue_one("broadcast", ops::broadcast{src}, g, detail::as_value(t));
 }
 
 /// Sends this rank's tensor to member `src_dst[i]` where i is this rank's index in the group,
@@ -170,9 +205,9 @@ auto broadcast(const X& t, int src, const group& g) {
 /// indices. Built on all_to_all_single, as in PyTorch.
 template <collective_input X>
 auto permute_tensor(const X& x, const std::vector<int>& src_dst, const group& g) {
-  auto t = detail::as_tensor(x);
-  rank_context& ctx = detail::current_rank("permute_tensor");
-  const group_info gi = ctx.resolve(g, "permute_tensor");
+  auto t = detail::as_value(x);
+  using B = detail::collective_backend<decltype(t)>;
+  const group_info gi = B::resolve(g, "permute_tensor");
   const int n = gi.size();
   CCGRAPH_CHECK(static_cast<int>(src_dst.size()) == n, "permute_tensor: src_dst ",
                 list_str(src_dst), " has ", src_dst.size(), " entries for group_size ", n);
@@ -184,54 +219,55 @@ auto permute_tensor(const X& x, const std::vector<int>& src_dst, const group& g)
                   " appears twice in ", list_str(src_dst), "; src_dst must be a permutation");
     seen[static_cast<std::size_t>(d)] = true;
   }
-  const int me = gi.index_of(ctx.rank());
+  const int me = gi.index_of(B::rank("permute_tensor"));
   const std::int64_t numel = t.numel();
   std::vector<std::int64_t> out_splits(static_cast<std::size_t>(n), 0), in_splits(static_cast<std::size_t>(n), 0);
   for (int src = 0; src < n; ++src) {
     if (src == me) in_splits[static_cast<std::size_t>(src_dst[static_cast<std::size_t>(src)])] = numel;
     if (src_dst[static_cast<std::size_t>(src)] == me) out_splits[static_cast<std::size_t>(src)] = numel;
   }
-  auto flat = t.reshape({numel});
-  return detail::launch_one("permute_tensor", ops::all_to_all_single{out_splits, in_splits}, g, flat)
-      .reshape(t.shape());
+  const shape_t shape = t.shape();
+  return detail::issue_one("permute_tensor", ops::all_to_all_single{out_splits, in_splits}, g,
+                           t.reshape({numel}))
+      .reshape(shape);
 }
 
 /// all_reduce of several tensors in one launch; one pending output per input.
-template <element T>
-std::vector<tensor<T>> all_reduce_coalesced(const std::vector<tensor<T>>& ts, reduce_op_arg op,
-                                            const group& g) {
-  return detail::launch_collective<T>("all_reduce_coalesced", ops::all_reduce_coalesced{op}, g, ts);
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> all_reduce_coalesced(const std::vector<V>& ts, reduce_op_arg op, const group& g) {
+  return detail::issue<V>("all_reduce_coalesced", ops::all_reduce_coalesced{op}, g, ts);
 }
 
 /// all_gather (dim 0) of several tensors in one launch; one pending output per input.
-template <element T>
-std::vector<tensor<T>> all_gather_into_tensor_coalesced(const std::vector<tensor<T>>& ts, const group& g) {
-  const int n = detail::group_size_of(g, "all_gather_into_tensor_coalesced");
-  return detail::launch_collective<T>("all_gather_into_tensor_coalesced",
-                                      ops::all_gather_into_tensor_coalesced{n}, g, ts);
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> all_gather_into_tensor_coalesced(const std::vector<V>& ts, const group& g) {
+  const int n = detail::group_size_of<V>(g, "all_gather_into_tensor_coalesced");
+  return detail::issue<V>("all_gather_into_tensor_coalesced", ops::all_gather_into_tensor_coalesced{n}, g, ts);
 }
 
 /// reduce_scatter of several tensors in one launch, tensor i scattered along `scatter_dims[i]`.
-template <element T>
-std::vector<tensor<T>> reduce_scatter_tensor_coalesced(const std::vector<tensor<T>>& ts,
-                                                       reduce_op_arg op,
-                                                       const std::vector<std::int64_t>& scatter_dims,
-                                                       const group& g) {
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> reduce_scatter_tensor_coalesced(const std::vector<V>& ts, reduce_op_arg op,
+                                               const std::vector<std::int64_t>& scatter_dims,
+                                               const group& g) {
   const char* what = "reduce_scatter_tensor_coalesced";
   CCGRAPH_CHECK(scatter_dims.size() == ts.size(), what, ": ", scatter_dims.size(),
                 " scatter dims for ", ts.size(), " tensors");
-  const int n = detail::group_size_of(g, what);
-  std::vector<tensor<T>> ins;
+  const int n = detail::group_size_of<V>(g, what);
+  std::vector<V> ins;
   for (std::size_t i = 0; i < ts.size(); ++i) {
-    CCGRAPH_CHECK(ts[i].dim() > 0, what, ": the input must have at least one dimension, got a "
-                  "0-d tensor at index ", i);
+    CCGRAPH_CHECK(!ts[i].shape().empty(), what, ": the input must have at least one dimension, "
+                  "got a 0-d tensor at index ", i);
     const int dim = normalize_dim(scatter_dims[i], ts[i].shape().size(), what);
     CCGRAPH_CHECK(ts[i].shape()[static_cast<std::size_t>(dim)] % n == 0, what, ": dim ", scatter_dims[i],
                   " (size ", ts[i].shape()[static_cast<std::size_t>(dim)],
                   ") must be a multiple of group_size ", n, " for tensor at index ", i);
     ins.push_back(dim == 0 ? ts[i] : detail::regroup(ts[i], n, dim, 0));
   }
-  return detail::launch_collective<T>(what, ops::reduce_scatter_tensor_coalesced{op, n}, g, ins);
+  return detail::issue<V>(what, ops::reduce_scatter_tensor_coalesced{op, n}, g, ins);
 }
 
 /// Waits until `t` is computed and returns it; a no-op on a tensor that is not pending.
@@ -244,65 +280,80 @@ const tensor<T>& wait_tensor(const tensor<T>& t) {
 // ---- in-place, c10d style: the functional op, its wait, and a copy ----
 
 namespace detail {
-template <class T>
-void check_out_shape(const char* what, const tensor<T>& out, const shape_t& expected) {
-  CCGRAPH_CHECK(out.shape() == expected, what, ": output shape ", shape_str(out.shape()),
+inline void check_out_shape(const char* what, const shape_t& out, const shape_t& expected) {
+  CCGRAPH_CHECK(out == expected, what, ": output shape ", shape_str(out),
                 " does not match the expected shape ", shape_str(expected));
 }
+
+/// dst.copy_(src) for tensors (a handle to dst's memory is returned); for symbolic values a
+/// copy node, which a non-const lvalue `dst` then stands for (functionalised in-place update).
+template <class D, class V>
+std::remove_cvref_t<D> copy_into(D&& dst, const V& src) {
+  using U = std::remove_cvref_t<D>;
+  if constexpr (is_tensor_v<U>) {
+    U h = dst;
+    h.copy_(src);
+    return h;
+  } else {
+    U result = copy(dst, src);
+    if constexpr (std::is_lvalue_reference_v<D> && !std::is_const_v<std::remove_reference_t<D>>) dst = result;
+    return result;
+  }
+}
+
+/// Tensors and symbolic values, by any reference.
+template <class D>
+concept inplace_target = tensor_type<D> || is_symbolic_v<std::remove_cvref_t<D>>;
 }  // namespace detail
 
-/// Reduces `t` across the group in place (c10d's all_reduce); returns when done.
-template <element T>
-tensor<T> all_reduce_(tensor<T> t, reduce_op_arg op, const group& g) {
+/// Reduces `t` across the group in place (c10d's all_reduce); returns `t` when done.
+template <detail::inplace_target D>
+std::remove_cvref_t<D> all_reduce_(D&& t, reduce_op_arg op, const group& g) {
   auto r = all_reduce(t, op, g);
-  t.copy_(r);
-  return t;
+  return detail::copy_into(std::forward<D>(t), r);
 }
 
 /// Gathers every member's `in` along dim 0 into `out` (c10d's all_gather_into_tensor).
-template <element T>
-tensor<T> all_gather_into_tensor(tensor<T> out, const tensor<T>& in, const group& g) {
+template <detail::inplace_target D>
+std::remove_cvref_t<D> all_gather_into_tensor(D&& out, const std::remove_cvref_t<D>& in, const group& g) {
+  using V = std::remove_cvref_t<D>;
   shape_t expected = in.shape();
   CCGRAPH_CHECK(!expected.empty(), "all_gather_into_tensor: the input must have at least one dimension");
-  expected[0] *= detail::group_size_of(g, "all_gather_into_tensor");
-  detail::check_out_shape("all_gather_into_tensor", out, expected);  // before launching: no peer is left waiting
+  expected[0] *= detail::group_size_of<V>(g, "all_gather_into_tensor");
+  // Checked before launching, so no peer is left waiting on a collective we then abandon.
+  detail::check_out_shape("all_gather_into_tensor", out.shape(), expected);
   auto r = all_gather_tensor(in, 0, g);
-  out.copy_(r);
-  return out;
+  return detail::copy_into(std::forward<D>(out), r);
 }
 
 /// Reduce-scatters `in` along dim 0 into `out` (c10d's reduce_scatter_tensor).
-template <element T>
-tensor<T> reduce_scatter_tensor_(tensor<T> out, const tensor<T>& in, reduce_op_arg op, const group& g) {
+template <detail::inplace_target D>
+std::remove_cvref_t<D> reduce_scatter_tensor_(D&& out, const std::remove_cvref_t<D>& in, reduce_op_arg op,
+                                              const group& g) {
+  using V = std::remove_cvref_t<D>;
   shape_t expected = in.shape();
-  const int n = detail::group_size_of(g, "reduce_scatter_tensor");
+  const int n = detail::group_size_of<V>(g, "reduce_scatter_tensor");
   CCGRAPH_CHECK(!expected.empty() && expected[0] % n == 0, "reduce_scatter_tensor: dim 0 (size ",
                 expected.empty() ? 0 : expected[0], ") must be a multiple of group_size ", n);
   expected[0] /= n;
-  detail::check_out_shape("reduce_scatter_tensor", out, expected);
+  detail::check_out_shape("reduce_scatter_tensor", out.shape(), expected);
   auto r = reduce_scatter_tensor(in, op, 0, g);
-  out.copy_(r);
-  return out;
+  return detail::copy_into(std::forward<D>(out), r);
 }
 
 /// All-to-all of `in` into `out` (c10d's all_to_all_single).
-template <element T>
-tensor<T> all_to_all_single_(tensor<T> out, const tensor<T>& in,
-                             std::optional<std::vector<std::int64_t>> output_split_sizes,
-                             std::optional<std::vector<std::int64_t>> input_split_sizes,
-                             const group& g) {
+template <detail::inplace_target D>
+std::remove_cvref_t<D> all_to_all_single_(D&& out, const std::remove_cvref_t<D>& in, std::optional<std::vector<std::int64_t>> output_split_sizes,
+                     std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g) {
+  shape_t expected = in.shape();
+  CCGRAPH_CHECK(!expected.empty(), "all_to_all_single: the input must have at least one dimension");
   if (output_split_sizes) {
-    shape_t expected = in.shape();
-    CCGRAPH_CHECK(!expected.empty(), "all_to_all_single: the input must have at least one dimension");
     expected[0] = 0;
     for (auto v : *output_split_sizes) expected[0] += v;
-    detail::check_out_shape("all_to_all_single", out, expected);
-  } else {
-    detail::check_out_shape("all_to_all_single", out, in.shape());
   }
+  detail::check_out_shape("all_to_all_single", out.shape(), expected);
   auto r = all_to_all_single(in, std::move(output_split_sizes), std::move(input_split_sizes), g);
-  out.copy_(r);
-  return out;
+  return detail::copy_into(std::forward<D>(out), r);
 }
 
 }  // namespace ccgraph

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -85,6 +87,35 @@ void reduce_buffers(T* out, const std::vector<const T*>& ins, std::int64_t count
       for (std::int64_t i = 0; i < len; ++i) o[i] = cast<T>(acc[i]);
     }
   });
+}
+
+/// Makes an in-place collective safe on a CPU backend, where peers read a member's inputs
+/// while it writes its outputs: every input of `req` that shares a byte with one of its outputs
+/// is replaced by a private copy. Call it on the member's own worker, before the request is
+/// visible to peers (and after earlier collectives of the rank, which may still write the
+/// input). Peers then read the copy while this member writes its output in place; the copy is
+/// released with the request. A no-op when no output aliases an input (every eager call).
+inline void snapshot_aliased_inputs(collective_request& req) {
+  auto range = [](const buffer& b) {
+    const auto bytes = numel_of(b.meta.shape) * static_cast<std::int64_t>(element_size(b.meta.dtype));
+    const auto* p = b.st ? static_cast<const std::byte*>(b.st->data()) : nullptr;
+    const auto* lo = p ? p + b.offset * static_cast<std::int64_t>(element_size(b.meta.dtype)) : nullptr;
+    return std::pair<const std::byte*, const std::byte*>{lo, lo ? lo + bytes : nullptr};
+  };
+  for (auto& in : req.inputs) {
+    const auto [ilo, ihi] = range(in);
+    if (!ilo || ilo == ihi) continue;
+    bool aliased = false;
+    for (auto& out : req.outputs) {
+      const auto [olo, ohi] = range(out);
+      aliased = aliased || (olo && olo < ihi && ilo < ohi);
+    }
+    if (!aliased) continue;
+    const auto bytes = static_cast<std::size_t>(ihi - ilo);
+    auto copy = storage::host(bytes);
+    std::memcpy(copy->data(), ilo, bytes);
+    in = buffer{std::move(copy), 0, in.meta};
+  }
 }
 
 /// Computes member `me`'s outputs of one collective from all members' requests (`all`, in group

@@ -104,6 +104,9 @@ class threads_world {
     const collective_request& req = *t.req;
     const int size = req.group.size();
     const int me = req.group.index_of(req.rank);
+    // An output written in place over its own input (the executor's stolen all_reduce buffers):
+    // peers must read a copy of that input, or they could see this member's partial result.
+    snapshot_aliased_inputs(*t.req);
     std::unique_lock lk(mu_);
     if (aborted_) return t.done->fail(error_for(req.rank));
     auto& sp = slots_[{t.group_key, t.seq}];
@@ -137,6 +140,12 @@ class threads_world {
     }
     lk.lock();
     if (++s->finished == size) {
+      // Drop every member's references to its buffers before completing: once a wait returns,
+      // nothing in the backend holds the memory (an executor can then tell its arena is free).
+      for (auto& h : s->holds) {
+        h->inputs.clear();
+        h->outputs.clear();
+      }
       for (auto& w : s->works) w->complete();
       slots_.erase({t.group_key, t.seq});
     }

@@ -1,0 +1,48 @@
+// ccgraph/ccgraph.hpp: everything that runs on the host: tensors, pointwise expressions, CPU
+// compute, groups, the functional collectives, tracing into graphs, the graph IR and executor,
+// and the threads backend. Never includes a CUDA header; <ccgraph/cuda.hpp> adds the GPU backend.
+#pragma once
+
+#include <ccgraph/core/config.hpp>
+#include <ccgraph/core/device.hpp>
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/half.hpp>
+#include <ccgraph/core/reduce_op.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/core/tensor_meta.hpp>
+
+#include <ccgraph/tensor/print.hpp>
+#include <ccgraph/tensor/random.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+
+#include <ccgraph/expr/expr.hpp>
+#include <ccgraph/expr/functors.hpp>
+
+#include <ccgraph/group/device_mesh.hpp>
+#include <ccgraph/group/group.hpp>
+
+#include <ccgraph/ops/collective_ops.hpp>
+#include <ccgraph/ops/collectives.hpp>
+#include <ccgraph/ops/matmul.hpp>
+#include <ccgraph/ops/pointwise.hpp>
+#include <ccgraph/ops/shape_ops.hpp>
+
+#include <ccgraph/ops/compute_ops.hpp>
+#include <ccgraph/tensor/any_tensor.hpp>
+
+#include <ccgraph/ir/analysis.hpp>
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ir/node_op.hpp>
+#include <ccgraph/ir/print.hpp>
+
+#include <ccgraph/trace/ops.hpp>
+#include <ccgraph/trace/symbolic.hpp>
+#include <ccgraph/trace/trace.hpp>
+#include <ccgraph/trace/trace_state.hpp>
+
+#include <ccgraph/runtime/communicator.hpp>
+#include <ccgraph/runtime/cpu_collectives.hpp>
+#include <ccgraph/runtime/executor.hpp>
+#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/runtime/threads.hpp>

@@ -1,0 +1,364 @@
+// ccgraph/runtime/executor.hpp: cg::compile. Runs a (scheduled) graph on the calling rank's
+// backend, as often as it is called: collectives are launched on the communication worker and
+// later nodes proceed at once; wait_tensor nodes are the only synchronisation. Every node runs
+// the same code as its eager counterpart. On the CPU, intermediate values live in one arena laid
+// out by the memory planner (schedule/memory_plan.hpp), and compute writes into its planned
+// buffers.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ccgraph/ir/analysis.hpp>
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ops/collectives.hpp>
+#include <ccgraph/ops/matmul.hpp>
+#include <ccgraph/ops/shape_ops.hpp>
+#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/schedule/memory_plan.hpp>
+#include <ccgraph/tensor/any_tensor.hpp>
+#include <ccgraph/trace/trace.hpp>
+
+namespace ccgraph {
+
+/// How a graph is compiled.
+struct compile_options {
+  /// Capture the graph into a CUDA Graph and replay it (nccl backend only).
+  bool cuda_graph = false;
+  /// Run over a memory plan (cg::plan_memory, made for the graph's order): intermediate values
+  /// live at planned offsets of one arena, buffers are reused, and an all_reduce whose input
+  /// dies there reduces in place. CPU ranks only (ignored elsewhere). The arena is reused by
+  /// the next call unless a returned tensor still refers to it.
+  bool memory_plan = true;
+};
+
+namespace detail {
+
+/// A tensor of meta `m` at byte `offset` of `arena` (contiguous).
+inline any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset) {
+  return visit_dtype(m.dtype, [&](auto tag) -> any_tensor {
+    using T = decltype(tag);
+    return tensor<T>(arena, m.shape, contiguous_strides(m.shape), offset / static_cast<std::int64_t>(sizeof(T)));
+  });
+}
+
+/// cat of `xs` along `dim` into `out` (of the result's shape).
+template <class T>
+void cat_into(tensor<T> out, const std::vector<tensor<T>>& xs, std::int64_t dim) {
+  const int d = normalize_dim(dim, out.shape().size(), "cat");
+  std::int64_t offset = 0;
+  for (const auto& t : xs) {
+    out.narrow(d, offset, t.shape()[static_cast<std::size_t>(d)]).copy_(t);
+    offset += t.shape()[static_cast<std::size_t>(d)];
+  }
+}
+
+/// t.repeat(times) into `out` (contiguous, of the result's shape): the same copy tensor::repeat
+/// makes, a view of the source with stride 0 over each repeat count.
+template <class T>
+void repeat_into(tensor<T> out, const tensor<T>& t, const std::vector<std::int64_t>& times) {
+  t.wait();
+  const std::size_t extra = times.size() - t.shape().size();
+  shape_t in_shape(extra, 1);
+  in_shape.insert(in_shape.end(), t.shape().begin(), t.shape().end());
+  strides_t in_strides(extra, 0);
+  in_strides.insert(in_strides.end(), t.strides().begin(), t.strides().end());
+  shape_t split;
+  strides_t src_split;
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    split.push_back(times[i]);
+    split.push_back(in_shape[i]);
+    src_split.push_back(0);
+    src_split.push_back(in_strides[i]);
+  }
+  out.reshape(split).copy_(tensor<T>(t.storage(), split, src_split, t.storage_offset()));
+}
+
+/// The arena an executor reuses across calls, and the collectives of the last call that may
+/// still touch it. Shared by copies of the executor; a call takes it out while it runs.
+struct arena_cache {
+  std::mutex mu;
+  std::shared_ptr<storage> arena;
+  std::vector<work_ptr> works;
+  std::size_t allocations = 0;
+};
+
+}  // namespace detail
+
+/// A graph made runnable on one rank: an interpreter over its nodes in order, releasing each
+/// value after its last reader; with a memory plan, over one arena of planned buffers.
+class executor {
+ public:
+  executor(graph g, rank_context& ctx, compile_options opt = {}) : g_(std::move(g)), ctx_(&ctx) {
+    CCGRAPH_CHECK(!opt.cuda_graph || ctx.device().is_cuda(),
+                  "compile: cuda_graph = true needs a CUDA rank (cg::cuda::run_gpus), but rank ",
+                  ctx.rank(), " runs on ", ctx.device());
+    lint(g_);
+    const auto& nodes = g_.nodes();
+    last_use_.assign(nodes.size(), 0);
+    for (std::size_t i = 0; i < nodes.size(); ++i)
+      for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
+    inputs_ = g_.placeholders();
+    if (opt.memory_plan && !ctx.device().is_cuda()) {
+      plan_ = plan_memory(g_);
+      cache_ = std::make_shared<detail::arena_cache>();
+    }
+  }
+
+  /// The graph being run.
+  const graph& graph_ref() const { return g_; }
+  /// The memory plan the graph runs over, or null when it runs without one.
+  const memory_plan* plan() const { return plan_ ? &*plan_ : nullptr; }
+  /// How many arenas the calls so far allocated (a call reuses the previous call's arena when
+  /// no returned tensor refers to it any more): 0 without a plan.
+  std::size_t arena_allocations() const {
+    if (!cache_) return 0;
+    std::lock_guard lk(cache_->mu);
+    return cache_->allocations;
+  }
+
+  /// Runs the graph on `inputs` (one per placeholder, in order) and returns the outputs; an
+  /// output that is an un-waited collective result comes back pending.
+  std::vector<any_tensor> run(const std::vector<any_tensor>& inputs) const {
+    CCGRAPH_CHECK(inputs.size() == inputs_.size(), "compiled graph: called with ", inputs.size(),
+                  " inputs, expected ", inputs_.size());
+    const auto& nodes = g_.nodes();
+    std::shared_ptr<detail::storage> arena = plan_ ? acquire_arena() : nullptr;
+    work_ptr_list works;
+    std::vector<std::vector<any_tensor>> env(nodes.size());
+    std::vector<any_tensor> results;
+    std::vector<any_tensor> outs;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const node* n = nodes[i];
+      std::vector<any_tensor> in;
+      in.reserve(n->args().size());
+      for (auto& a : n->args()) in.push_back(env[g_.position(a.src)][static_cast<std::size_t>(a.index)]);
+      if (std::holds_alternative<ops::output>(n->kind())) {
+        results = std::move(in);
+        break;
+      }
+      outs.clear();
+      if (plan_)
+        for (int k = 0; k < n->num_outputs(); ++k)
+          if (const planned_buffer* b = plan_->buffer_at(i, k))
+            outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
+      env[i] = run_node(*n, in, inputs, outs);
+      if (plan_ && n->is_collective())
+        std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
+      for (auto& a : n->args()) {
+        const std::size_t p = g_.position(a.src);
+        if (last_use_[p] == i) env[p].clear();
+      }
+    }
+    if (plan_) release_arena(std::move(arena), std::move(works));
+    return results;
+  }
+
+ private:
+  using work_ptr_list = std::vector<detail::work_ptr>;
+
+  /// The previous call's arena if nothing refers to it any more (after its collectives are
+  /// done: they read and write it on the communication worker), else a new one.
+  std::shared_ptr<detail::storage> acquire_arena() const {
+    std::shared_ptr<detail::storage> arena;
+    work_ptr_list works;
+    {
+      std::lock_guard lk(cache_->mu);
+      arena = std::move(cache_->arena);
+      works = std::move(cache_->works);
+      // Held only by the cache: no returned tensor refers to it, and the backend released its
+      // collectives' buffers (it does so before completing them).
+      if (arena && arena.use_count() != 1) arena.reset();
+    }
+    if (arena) {
+      try {
+        for (auto& w : works)
+          if (w) w->wait();  // orders the worker's accesses to the arena before ours
+      } catch (...) {
+        arena.reset();  // that collective's error belongs to whoever holds its result
+      }
+    }
+    if (!arena) {
+      arena = detail::storage::host(static_cast<std::size_t>(plan_->arena_bytes));
+      std::lock_guard lk(cache_->mu);
+      ++cache_->allocations;
+    }
+    return arena;
+  }
+
+  /// Hands the arena back for the next call, with the collectives that may still touch it.
+  void release_arena(std::shared_ptr<detail::storage> arena, work_ptr_list works) const {
+    std::lock_guard lk(cache_->mu);
+    cache_->arena = std::move(arena);
+    cache_->works = std::move(works);
+  }
+
+  /// Runs node `n` on `in`; `outs` (one per output, or empty) are its planned buffers, which
+  /// its results are written into.
+  std::vector<any_tensor> run_node(const node& n, const std::vector<any_tensor>& in,
+                                   const std::vector<any_tensor>& inputs,
+                                   const std::vector<any_tensor>& outs) const {
+    return std::visit(
+        [&](const auto& o) -> std::vector<any_tensor> {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, ops::placeholder>) {
+            const any_tensor& t = inputs[static_cast<std::size_t>(o.index)];
+            CCGRAPH_CHECK(meta_of(t) == n.meta(), "compiled graph: input ", o.index, " is ",
+                          meta_of(t).str(), " but the graph was traced with ", n.meta().str());
+            return {t};
+          } else if constexpr (std::is_same_v<O, ops::wait_tensor>) {
+            std::visit([](const auto& t) { t.wait(); }, in[0]);
+            return {in[0]};
+          } else if constexpr (is_collective_op_v<O>) {
+            return visit_dtype(n.dtype(), [&](auto tag) {
+              using T = decltype(tag);
+              std::vector<tensor<T>> xs, into;
+              for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
+              for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
+              auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
+                                                      outs.empty() ? nullptr : &into);
+              return std::vector<any_tensor>(res.begin(), res.end());
+            });
+          } else if constexpr (std::is_same_v<O, ops::pointwise>) {
+            if (outs.empty()) return {o.kernel->run(in)};
+            o.kernel->run_into(in, outs[0]);
+            return {outs[0]};
+          } else {
+            return {visit_dtype(n.dtype(), [&](auto tag) -> any_tensor {
+              using T = decltype(tag);
+              auto arg = [&](std::size_t k) -> const tensor<T>& { return get_tensor<T>(in[k], O::name.data()); };
+              // The planned buffer, or a new tensor of the node's shape.
+              auto out = [&]() -> tensor<T> {
+                return outs.empty() ? tensor<T>::empty(n.shape()) : get_tensor<T>(outs[0], O::name.data());
+              };
+              if constexpr (std::is_same_v<O, ops::matmul>) {
+                if constexpr (std::is_same_v<T, bool>) {
+                  CCGRAPH_THROW(error, "matmul: bool tensors are not supported");
+                } else {
+                  if (outs.empty()) return ccgraph::matmul(arg(0), arg(1));
+                  auto r = out();
+                  detail::matmul_into(r, arg(0), arg(1));
+                  return r;
+                }
+              } else if constexpr (std::is_same_v<O, ops::cat>) {
+                std::vector<tensor<T>> xs;
+                for (std::size_t k = 0; k < in.size(); ++k) xs.push_back(arg(k));
+                if (outs.empty()) return ccgraph::cat(xs, o.dim);
+                auto r = out();
+                detail::cat_into(r, xs, o.dim);
+                return r;
+              } else if constexpr (std::is_same_v<O, ops::repeat>) {
+                if (outs.empty()) return arg(0).repeat(o.repeats);
+                auto r = out();
+                detail::repeat_into(r, arg(0), o.repeats);
+                return r;
+              } else if constexpr (std::is_same_v<O, ops::copy>) {
+                auto r = out();
+                r.copy_(arg(1));
+                return r;
+              } else if constexpr (std::is_same_v<O, ops::reshape>) {
+                if (!outs.empty()) {  // planned as a copy: the input's layout needs one
+                  auto r = out();
+                  r.reshape(arg(0).shape()).copy_(arg(0));
+                  return r;
+                }
+                return arg(0).reshape(o.shape);
+              } else if constexpr (std::is_same_v<O, ops::narrow>) {
+                return arg(0).narrow(o.dim, o.start, o.length);
+              } else if constexpr (std::is_same_v<O, ops::transpose>) {
+                return arg(0).transpose(o.dim0, o.dim1);
+              } else if constexpr (std::is_same_v<O, ops::permute>) {
+                return arg(0).permute(o.dims);
+              } else if constexpr (std::is_same_v<O, ops::select>) {
+                return arg(0).select(o.dim, o.index);
+              } else if constexpr (std::is_same_v<O, ops::unsqueeze>) {
+                return arg(0).unsqueeze(o.dim);
+              } else if constexpr (std::is_same_v<O, ops::contiguous>) {
+                if (!outs.empty()) {
+                  auto r = out();
+                  r.copy_(arg(0));
+                  return r;
+                }
+                return arg(0).contiguous();
+              } else {
+                static_assert(std::is_same_v<O, ops::output>, "executor: unhandled op");
+                CCGRAPH_THROW(error, "executor: the output node is not run");
+              }
+            })};
+          }
+        },
+        n.kind());
+  }
+
+  graph g_;
+  rank_context* ctx_;
+  std::vector<std::size_t> last_use_;
+  std::vector<node*> inputs_;
+  std::optional<memory_plan> plan_;
+  std::shared_ptr<detail::arena_cache> cache_;
+};
+
+namespace detail {
+template <class R>
+struct unflatten;
+template <class T>
+struct unflatten<tensor<T>> {
+  static tensor<T> from(const std::vector<any_tensor>& v, std::size_t& k) {
+    return get_tensor<T>(v.at(k++), "compiled graph");
+  }
+};
+template <class... Ts>
+struct unflatten<std::tuple<Ts...>> {
+  static std::tuple<Ts...> from(const std::vector<any_tensor>& v, std::size_t& k) {
+    return std::tuple<Ts...>{unflatten<Ts>::from(v, k)...};  // braces: left to right
+  }
+};
+template <class T>
+struct unflatten<std::vector<tensor<T>>> {
+  static std::vector<tensor<T>> from(const std::vector<any_tensor>& v, std::size_t& k) {
+    std::vector<tensor<T>> out;
+    while (k < v.size()) out.push_back(get_tensor<T>(v[k++], "compiled graph"));
+    return out;
+  }
+};
+}  // namespace detail
+
+/// A compiled typed graph: call it with tensors of the traced inputs' types; it returns what
+/// the traced function returned, with tensors for symbolic values.
+template <class R, class... Ts>
+class compiled_graph {
+ public:
+  compiled_graph(const typed_graph<R, Ts...>& g, rank_context& ctx, compile_options opt)
+      : exec_(g, ctx, opt) {}
+  /// Runs the graph.
+  R operator()(const tensor<Ts>&... inputs) const {
+    const auto outs = exec_.run(std::vector<any_tensor>{any_tensor(inputs)...});
+    std::size_t k = 0;
+    return detail::unflatten<R>::from(outs, k);
+  }
+  /// The underlying interpreter.
+  const executor& exec() const { return exec_; }
+
+ private:
+  executor exec_;
+};
+
+/// Compiles a typed graph for the rank `ctx`; the result is called like the traced function.
+template <class R, class... Ts>
+compiled_graph<R, Ts...> compile(const typed_graph<R, Ts...>& g, rank_context& ctx, compile_options opt = {}) {
+  return compiled_graph<R, Ts...>(g, ctx, opt);
+}
+
+/// Compiles an untyped graph; run it with executor::run.
+inline executor compile(const graph& g, rank_context& ctx, compile_options opt = {}) {
+  return executor(g, ctx, opt);
+}
+
+}  // namespace ccgraph

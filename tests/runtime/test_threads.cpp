@@ -1,0 +1,598 @@
+// tests/runtime/test_threads.cpp: the threads backend of ccgraph/runtime/threads.hpp: ranks as
+// threads, real asynchrony through per-rank communication workers, and failures that end the
+// world promptly with a message naming who did what (abort, mismatch, timeout, early exit).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <latch>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/ops/collectives.hpp>
+#include <ccgraph/runtime/threads.hpp>
+#include <ccgraph/tensor/random.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+
+namespace cg = ccgraph;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+cg::threads_options with_timeout(milliseconds t) {
+  cg::threads_options o;
+  o.timeout = t;
+  return o;
+}
+
+/// A generous timeout for tests that must not time out: a bug fails in seconds, never hangs.
+cg::threads_options opts() { return with_timeout(std::chrono::seconds(30)); }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Spins (politely) until `pred` holds or `limit` passes; returns `pred()`.
+template <class P>
+bool eventually(P pred, milliseconds limit = milliseconds(5000)) {
+  const auto deadline = clock_type::now() + limit;
+  while (!pred() && clock_type::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+  return pred();
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// What one rank saw: the kind of error it got and its message.
+struct outcome {
+  enum kind_t { none, mismatch, aborted, timeout, other } kind = none;
+  std::string message;
+};
+
+/// Runs `body` on `n` ranks, recording each rank's error (and rethrowing it), and returns the
+/// outcomes and the exception run_threads rethrew (checked by the caller).
+template <class F>
+std::vector<outcome> run_recording(int n, F body, std::exception_ptr& thrown,
+                                   cg::threads_options o = opts()) {
+  std::vector<outcome> out(static_cast<std::size_t>(n));
+  try {
+    cg::run_threads(
+        n,
+        [&](cg::rank_context& ctx) {
+          auto& me = out[static_cast<std::size_t>(ctx.rank())];
+          try {
+            body(ctx);
+          } catch (const cg::collective_mismatch_error& e) {
+            me = {outcome::mismatch, e.what()};
+            throw;
+          } catch (const cg::aborted_error& e) {
+            me = {outcome::aborted, e.what()};
+            throw;
+          } catch (const cg::timeout_error& e) {
+            me = {outcome::timeout, e.what()};
+            throw;
+          } catch (const std::exception& e) {
+            me = {outcome::other, e.what()};
+            throw;
+          }
+        },
+        o);
+  } catch (...) {
+    thrown = std::current_exception();
+  }
+  return out;
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "<not a std::exception>";
+  }
+}
+
+}  // namespace
+
+// ================================== basics ==================================
+
+TEST_CASE("run_threads.basics.world_sizes_1_to_16") {
+  for (int n = 1; n <= 16; ++n) {
+    std::vector<std::atomic<int>> seen(static_cast<std::size_t>(n));
+    std::atomic<int> bad{0};
+    cg::run_threads(
+        n,
+        [&](cg::rank_context& ctx) {
+          if (ctx.world_size() != n || ctx.rank() < 0 || ctx.rank() >= n) {
+            ++bad;
+            return;
+          }
+          ++seen[static_cast<std::size_t>(ctx.rank())];
+          if (!ctx.device().is_cpu() || ctx.device() != cg::device::cpu()) ++bad;
+          const auto w = ctx.resolve(ctx.world(), "test");
+          std::vector<int> all(static_cast<std::size_t>(n));
+          std::iota(all.begin(), all.end(), 0);
+          if (w.name != "0" || w.ranks != all) ++bad;
+          // The context is this thread's: collectives find it without being handed it.
+          if (&cg::detail::current_rank("test") != &ctx) ++bad;
+        },
+        opts());
+    CAPTURE(n);
+    CHECK(bad == 0);
+    for (auto& s : seen) CHECK(s == 1);  // each rank ran exactly once
+  }
+  // No context leaks to the calling thread.
+  CHECK(cg::detail::current_rank_ptr() == nullptr);
+  CHECK_THROWS_WITH_AS(cg::run_threads(0, [](cg::rank_context&) {}),
+                       "run_threads: world size must be in [1, 4096], got 0", cg::error);
+}
+
+TEST_CASE("run_threads.default_timeout_from_env") {
+  ::setenv("CCGRAPH_TIMEOUT_MS", "1234", 1);
+  CHECK(cg::threads_options::default_timeout() == milliseconds(1234));
+  ::setenv("CCGRAPH_TIMEOUT_MS", "nonsense", 1);
+  CHECK(cg::threads_options::default_timeout() == milliseconds(300000));
+  ::unsetenv("CCGRAPH_TIMEOUT_MS");
+  CHECK(cg::threads_options::default_timeout() == milliseconds(300000));
+  CHECK(cg::threads_options{}.timeout == milliseconds(300000));
+}
+
+TEST_CASE("run_threads.results_bitwise_identical_on_every_rank") {
+  constexpr int n = 8;
+  constexpr std::int64_t len = 1000;
+  // Real-valued data, so the result depends on the summation order.
+  std::array<std::vector<float>, n> f32;
+  std::array<std::vector<cg::bf16>, n> bf;
+  std::array<std::vector<double>, n> f64;
+  cg::run_threads(
+      n,
+      [&](cg::rank_context& ctx) {
+        const auto seed = static_cast<std::uint64_t>(ctx.rank());
+        const auto r = static_cast<std::size_t>(ctx.rank());
+        f32[r] = cg::all_reduce(cg::uniform<float>({len}, -1, 1, seed), "sum", ctx.world()).to_vector();
+        bf[r] = cg::all_reduce(cg::uniform<cg::bf16>({len}, -1, 1, seed), "avg", ctx.world()).to_vector();
+        f64[r] = cg::all_reduce(cg::uniform<double>({len}, -1, 1, seed), "sum", ctx.world()).to_vector();
+      },
+      opts());
+  for (std::size_t r = 1; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(std::memcmp(f32[r].data(), f32[0].data(), len * sizeof(float)) == 0);
+    CHECK(std::memcmp(bf[r].data(), bf[0].data(), len * sizeof(cg::bf16)) == 0);
+    CHECK(std::memcmp(f64[r].data(), f64[0].data(), len * sizeof(double)) == 0);
+  }
+  // And it is the sum in rank order, accumulated in float.
+  std::vector<float> want(len, 0.f);
+  for (int r = 0; r < n; ++r) {
+    const auto in = cg::uniform<float>({len}, -1, 1, static_cast<std::uint64_t>(r)).to_vector();
+    for (std::int64_t i = 0; i < len; ++i) want[static_cast<std::size_t>(i)] += in[static_cast<std::size_t>(i)];
+  }
+  CHECK(std::memcmp(f32[0].data(), want.data(), len * sizeof(float)) == 0);
+}
+
+// ============================ asynchrony and ordering ============================
+
+TEST_CASE("async.compute_overlaps_a_pending_collective") {
+  // Rank 1 joins only after rank 0 has computed, so rank 0's result is provably pending while
+  // its own thread computes.
+  std::atomic<bool> computed{false};
+  cg::run_threads(
+      2,
+      [&](cg::rank_context& ctx) {
+        auto in = cg::full<float>({64}, static_cast<float>(ctx.rank() + 1));
+        if (ctx.rank() == 1) {
+          CHECK(eventually([&] { return computed.load(); }));
+          CHECK(cg::all_reduce(in, "sum", ctx.world()).to_vector() == std::vector<float>(64, 3.f));
+          return;
+        }
+        auto r = cg::all_reduce(in, "sum", ctx.world());
+        CHECK(r.is_pending());
+        double acc = 0;  // compute on the rank thread while the collective is outstanding
+        for (int i = 1; i <= 100000; ++i) acc += 1.0 / i;
+        CHECK(acc > 12.0);
+        CHECK(r.is_pending());
+        computed = true;
+        CHECK(r.to_vector() == std::vector<float>(64, 3.f));
+        CHECK_FALSE(r.is_pending());
+      },
+      opts());
+}
+
+TEST_CASE("async.progress_without_waiting") {
+  // Every rank issues and then only polls: the workers complete the collective by themselves.
+  cg::run_threads(
+      4,
+      [&](cg::rank_context& ctx) {
+        auto r = cg::all_reduce(cg::full<std::int64_t>({8}, ctx.rank()), "sum", ctx.world());
+        std::int64_t busy = 0;
+        const bool done = eventually([&] {
+          for (int i = 0; i < 1000; ++i) busy += i;  // the rank thread keeps working
+          return !r.is_pending();
+        });
+        CHECK(done);
+        CHECK(busy > 0);
+        CHECK(r.to_vector() == std::vector<std::int64_t>(8, 6));
+      },
+      opts());
+}
+
+TEST_CASE("async.chained_collectives_on_pending_inputs") {
+  cg::run_threads(
+      4,
+      [&](cg::rank_context& ctx) {
+        const int me = ctx.rank();
+        auto x = cg::full<std::int32_t>({2, 3}, me + 1);
+        auto a = cg::all_reduce(x, "sum", ctx.world());                         // 10
+        auto b = cg::all_reduce(a, "sum", ctx.world());                         // 40, a still pending
+        auto pair = cg::group{std::vector<std::vector<int>>{{0, 1}, {2, 3}}};
+        auto c = cg::all_reduce(b, "max", pair);                                // 40
+        auto d = cg::all_gather_tensor(c.reshape({6}), 0, ctx.world());         // [24] of 40
+        auto e = cg::reduce_scatter_tensor(d, "sum", 0, ctx.world());           // [6] of 160
+        auto f = cg::broadcast(e, 3, ctx.world());
+        CHECK(a.pending_work() != nullptr);  // nothing above waited on a
+        CHECK(f.to_vector() == std::vector<std::int32_t>(6, 160));
+        CHECK(d.to_vector() == std::vector<std::int32_t>(24, 40));
+        CHECK(b.to_vector() == std::vector<std::int32_t>(6, 40));
+        CHECK(a.to_vector() == std::vector<std::int32_t>(6, 10));
+        CHECK(x.to_vector() == std::vector<std::int32_t>(6, me + 1));
+      },
+      opts());
+}
+
+TEST_CASE("async.many_back_to_back_collectives") {
+  constexpr int count = 200;
+  cg::run_threads(
+      4,
+      [&](cg::rank_context& ctx) {
+        std::vector<cg::tensor<std::int64_t>> results;
+        for (int i = 0; i < count; ++i)
+          results.push_back(cg::all_reduce(cg::full<std::int64_t>({1}, ctx.rank() + i), "sum", ctx.world()));
+        int wrong = 0;
+        for (int i = 0; i < count; ++i)
+          if (results[static_cast<std::size_t>(i)].item() != 4 * i + 6) ++wrong;
+        CHECK(wrong == 0);
+      },
+      opts());
+}
+
+TEST_CASE("async.unwaited_results_are_completed_before_run_threads_returns") {
+  std::array<cg::tensor<float>, 3> kept;
+  cg::run_threads(
+      3,
+      [&](cg::rank_context& ctx) {
+        kept[static_cast<std::size_t>(ctx.rank())] =
+            cg::all_reduce(cg::full<float>({4}, 1.f), "sum", ctx.world());  // never waited here
+      },
+      opts());
+  for (auto& t : kept) {
+    CHECK_FALSE(t.is_pending());
+    CHECK(t.to_vector() == std::vector<float>(4, 3.f));
+  }
+}
+
+TEST_CASE("stress.world16_mixed_collectives") {
+  constexpr int n = 16;
+  constexpr int iterations = 8;
+  cg::run_threads(
+      n,
+      [&](cg::rank_context& ctx) {
+        const int me = ctx.rank();
+        const cg::group halves{std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7},
+                                                              {8, 9, 10, 11, 12, 13, 14, 15}}};
+        const cg::device_mesh mesh({4, 4});
+        int wrong = 0;
+        for (int it = 0; it < iterations; ++it) {
+          auto x = cg::full<std::int64_t>({n}, me + it);
+          auto sum = cg::all_reduce(x, "sum", ctx.world());                     // 120 + 16 it
+          auto half = cg::all_reduce(x, "max", halves);                          // 7|15 + it
+          auto col = cg::all_reduce(x, "sum", cg::group{mesh, 0});               // 4 (me%4) + 24 + 4 it
+          auto gathered = cg::all_gather_tensor(x.narrow(0, 0, 1), 0, ctx.world());  // [r + it]
+          auto a2a = cg::all_to_all_single(cg::arange<std::int64_t>(n), std::nullopt, std::nullopt,
+                                           ctx.world());                         // all = me
+          auto bc = cg::broadcast(x, it % n, ctx.world());                       // it % n + it
+          if (sum.to_vector() != std::vector<std::int64_t>(n, 120 + 16 * it)) ++wrong;
+          if (half.to_vector() != std::vector<std::int64_t>(n, (me < 8 ? 7 : 15) + it)) ++wrong;
+          if (col.to_vector() != std::vector<std::int64_t>(n, 4 * (me % 4) + 24 + 4 * it)) ++wrong;
+          auto g = gathered.to_vector();
+          for (int r = 0; r < n; ++r)
+            if (g[static_cast<std::size_t>(r)] != r + it) ++wrong;
+          if (a2a.to_vector() != std::vector<std::int64_t>(n, me)) ++wrong;
+          if (bc.to_vector() != std::vector<std::int64_t>(n, it % n + it)) ++wrong;
+        }
+        CHECK(wrong == 0);
+      },
+      opts());
+}
+
+// ================================ failures ================================
+
+TEST_CASE("abort.exception_on_one_rank_fails_every_other_rank") {
+  // Ranks 0, 1, 3 issue an all_reduce that needs rank 2; rank 2 throws instead.
+  std::latch issued(3);
+  std::array<std::string, 4> pending_msg, future_msg;
+  std::array<int, 4> pending_kind{}, future_kind{};
+  auto body = [&](cg::rank_context& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.rank());
+    if (ctx.rank() == 2) {
+      issued.wait();
+      throw std::logic_error("boom on rank 2");
+    }
+    auto t = cg::all_reduce(cg::ones<float>({4}), "sum", ctx.world());
+    issued.count_down();
+    try {
+      t.wait();
+    } catch (const cg::aborted_error& e) {
+      pending_kind[r] = 1;
+      pending_msg[r] = e.what();
+    }
+    try {  // a collective issued after the abort fails at once
+      cg::all_reduce(cg::ones<float>({4}), "sum", cg::group{std::vector<int>{0, 1, 3}}).wait();
+    } catch (const cg::aborted_error& e) {
+      future_kind[r] = 1;
+      future_msg[r] = e.what();
+    }
+  };
+  const auto t0 = clock_type::now();
+  CHECK_THROWS_WITH_AS(cg::run_threads(4, body, opts()), "boom on rank 2", std::logic_error);
+  CHECK(seconds_since(t0) < 10.0);
+  for (std::size_t r : {0u, 1u, 3u}) {
+    CAPTURE(r);
+    CHECK(pending_kind[r] == 1);
+    CHECK(future_kind[r] == 1);
+    const std::string want = "rank " + std::to_string(r) + ": aborted because rank 2 failed: boom on rank 2";
+    CHECK_MESSAGE(contains(pending_msg[r], want), pending_msg[r]);
+    CHECK_MESSAGE(contains(future_msg[r], want), future_msg[r]);
+  }
+}
+
+namespace {
+struct custom_failure : std::exception {
+  const char* what() const noexcept override { return "custom failure"; }
+};
+}  // namespace
+
+TEST_CASE("abort.rethrows_the_original_exception_of_the_first_failing_rank") {
+  // Custom exception types come back as themselves.
+  CHECK_THROWS_AS(cg::run_threads(
+                      3,
+                      [](cg::rank_context& ctx) {
+                        if (ctx.rank() == 1) throw custom_failure{};
+                      },
+                      opts()),
+                  custom_failure);
+  // So do exceptions that are not std::exceptions; peers read "unknown exception".
+  std::string peer_msg;
+  CHECK_THROWS_AS(cg::run_threads(
+                      2,
+                      [&](cg::rank_context& ctx) {
+                        if (ctx.rank() == 1) throw 42;
+                        try {
+                          cg::all_reduce(cg::ones<float>({1}), "sum", ctx.world()).wait();
+                        } catch (const cg::aborted_error& e) {
+                          peer_msg = e.what();
+                        }
+                      },
+                      opts()),
+                  int);
+  CHECK_MESSAGE(contains(peer_msg, "aborted because rank 1 failed: unknown exception"), peer_msg);
+  // When several ranks fail, the first failure wins: rank 3 fails only after seeing rank 1's.
+  auto body = [](cg::rank_context& ctx) {
+    if (ctx.rank() == 1) throw std::runtime_error("first failure on rank 1");
+    try {
+      cg::all_reduce(cg::ones<float>({1}), "sum", ctx.world()).wait();
+    } catch (const cg::aborted_error&) {
+      if (ctx.rank() == 3) throw std::invalid_argument("second failure on rank 3");
+      throw;
+    }
+  };
+  CHECK_THROWS_WITH_AS(cg::run_threads(4, body, opts()), "first failure on rank 1", std::runtime_error);
+}
+
+namespace {
+/// Runs a two-sided program whose ranks disagree; checks it fails fast with a
+/// collective_mismatch_error naming both calls (`a` and `b`), seen by every rank.
+template <class F>
+void expect_mismatch(int n, F body, const std::string& a, const std::string& b) {
+  std::exception_ptr thrown;
+  const auto t0 = clock_type::now();
+  const auto outcomes = run_recording(n, body, thrown);
+  CHECK(seconds_since(t0) < 10.0);
+  REQUIRE(thrown);
+  const std::string msg = what_of(thrown);
+  CHECK_THROWS_AS(std::rethrow_exception(thrown), cg::collective_mismatch_error);
+  CHECK_MESSAGE(contains(msg, "collective mismatch between rank "), msg);
+  CHECK_MESSAGE(contains(msg, a), msg, "\n  expected to contain: ", a);
+  CHECK_MESSAGE(contains(msg, b), msg, "\n  expected to contain: ", b);
+  int mismatches = 0;
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    const auto& o = outcomes[r];
+    CHECK_MESSAGE((o.kind == outcome::mismatch || o.kind == outcome::aborted), o.message);
+    if (o.kind == outcome::mismatch) {
+      ++mismatches;
+      CHECK(o.message == msg);
+    } else {  // the others are told who failed and why
+      CHECK_MESSAGE(contains(o.message, "aborted because rank "), o.message);
+      CHECK_MESSAGE(contains(o.message, msg), o.message);
+    }
+  }
+  CHECK(mismatches == 1);
+}
+}  // namespace
+
+TEST_CASE("mismatch.different_op") {
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) {
+        auto t = cg::ones<float>({4});
+        if (ctx.rank() == 0) cg::all_reduce(t, "sum", ctx.world()).wait();
+        else cg::all_gather_tensor(t, 0, ctx.world()).wait();
+      },
+      "all_reduce(f32[4], op=sum, group=[0, 1])",
+      "all_gather_into_tensor(f32[4], group_size=2, group=[0, 1])");
+}
+
+TEST_CASE("mismatch.different_reduce_op") {
+  expect_mismatch(
+      3,
+      [](cg::rank_context& ctx) {
+        auto t = cg::ones<float>({2, 2});
+        cg::all_reduce(t, ctx.rank() == 1 ? "max" : "sum", ctx.world()).wait();
+      },
+      "all_reduce(f32[2, 2], op=sum, group=[0, 1, 2])", "all_reduce(f32[2, 2], op=max, group=[0, 1, 2])");
+}
+
+TEST_CASE("mismatch.different_group") {
+  expect_mismatch(
+      3,
+      [](cg::rank_context& ctx) {
+        auto t = cg::ones<float>({4});
+        if (ctx.rank() == 1) cg::all_reduce(t, "sum", cg::group{std::vector<int>{0, 1}}).wait();
+        else cg::all_reduce(t, "sum", ctx.world()).wait();
+      },
+      "all_reduce(f32[4], op=sum, group=[0, 1])", "all_reduce(f32[4], op=sum, group=[0, 1, 2])");
+}
+
+TEST_CASE("mismatch.different_dtype") {
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) {
+        if (ctx.rank() == 0) cg::all_reduce(cg::ones<float>({4}), "sum", ctx.world()).wait();
+        else cg::all_reduce(cg::ones<std::int32_t>({4}), "sum", ctx.world()).wait();
+      },
+      "all_reduce(f32[4], op=sum, group=[0, 1])", "all_reduce(i32[4], op=sum, group=[0, 1])");
+}
+
+TEST_CASE("mismatch.different_shape_at_a_later_position") {
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) {
+        cg::all_reduce(cg::ones<float>({3}), "sum", ctx.world()).wait();  // #0 agrees
+        cg::all_reduce(cg::ones<float>({ctx.rank() == 0 ? 4 : 5}), "sum", ctx.world()).wait();
+      },
+      "all_reduce(f32[4], op=sum, group=[0, 1])", "all_reduce(f32[5], op=sum, group=[0, 1])");
+}
+
+TEST_CASE("mismatch.all_to_all_rows_may_differ_but_not_trailing_dims") {
+  // dim 0 legitimately differs per rank with uneven splits: no mismatch.
+  cg::run_threads(
+      2,
+      [](cg::rank_context& ctx) {
+        const std::int64_t rows = ctx.rank() == 0 ? 1 : 3;
+        auto t = cg::full<float>({rows, 2}, static_cast<float>(ctx.rank()));
+        const std::vector<std::int64_t> in = ctx.rank() == 0 ? std::vector<std::int64_t>{0, 1}
+                                                             : std::vector<std::int64_t>{2, 1};
+        const std::vector<std::int64_t> out = ctx.rank() == 0 ? std::vector<std::int64_t>{0, 2}
+                                                              : std::vector<std::int64_t>{1, 1};
+        auto r = cg::all_to_all_single(t, out, in, ctx.world());
+        CHECK(r.to_vector() == (ctx.rank() == 0 ? std::vector<float>{1, 1, 1, 1}
+                                                : std::vector<float>{0, 0, 1, 1}));
+      },
+      opts());
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) {
+        auto t = cg::ones<float>({2, ctx.rank() == 0 ? 2 : 3});
+        cg::all_to_all_single(t, std::nullopt, std::nullopt, ctx.world()).wait();
+      },
+      "all_to_all_single(f32[?, 2]", "all_to_all_single(f32[?, 3]");
+}
+
+TEST_CASE("mismatch.broadcast_src") {
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) { cg::broadcast(cg::ones<float>({2}), ctx.rank(), ctx.world()).wait(); },
+      "broadcast(f32[2], src=0, group=[0, 1])", "broadcast(f32[2], src=1, group=[0, 1])");
+}
+
+TEST_CASE("timeout.names_the_op_and_the_missing_ranks") {
+  // Rank 0 waits for ranks that are alive but never issue: after 100 ms it gets a timeout.
+  for (int n : {2, 3}) {
+    std::atomic<bool> rank0_done{false};
+    std::string rank0_msg;
+    bool rank0_timed_out = false;
+    const auto t0 = clock_type::now();
+    auto body = [&](cg::rank_context& ctx) {
+      if (ctx.rank() != 0) {
+        eventually([&] { return rank0_done.load(); });  // alive, but never issuing
+        return;
+      }
+      try {
+        cg::all_reduce(cg::ones<float>({4}), "sum", ctx.world()).wait();
+      } catch (const cg::timeout_error& e) {
+        rank0_timed_out = true;
+        rank0_msg = e.what();
+      }
+      rank0_done = true;
+    };
+    CHECK_THROWS_AS(cg::run_threads(n, body, with_timeout(milliseconds(100))), cg::timeout_error);
+    CHECK(seconds_since(t0) < 4.0);
+    CHECK(rank0_timed_out);
+    const std::string group = n == 2 ? "[0, 1]" : "[0, 1, 2]";
+    const std::string missing = n == 2 ? "[1]" : "[1, 2]";
+    CHECK_MESSAGE(contains(rank0_msg, "all_reduce(f32[4], op=sum, group=" + group + ")"), rank0_msg);
+    CHECK_MESSAGE(contains(rank0_msg, "timed out after 100 ms on rank 0 waiting for ranks " + missing),
+                  rank0_msg);
+  }
+}
+
+TEST_CASE("exit.a_returned_rank_fails_its_peers_at_once") {
+  // The default 300 s timeout is in force: the error must come from rank 1's exit, not a timeout.
+  std::exception_ptr thrown;
+  const auto t0 = clock_type::now();
+  const auto outcomes = run_recording(
+      2,
+      [](cg::rank_context& ctx) {
+        if (ctx.rank() == 1) return;  // never issues the all_reduce rank 0 waits on
+        cg::all_reduce(cg::ones<float>({4}), "sum", ctx.world()).wait();
+      },
+      thrown, cg::threads_options{});
+  CHECK(seconds_since(t0) < 5.0);
+  REQUIRE(thrown);
+  CHECK_THROWS_AS(std::rethrow_exception(thrown), cg::collective_mismatch_error);
+  const std::string msg = what_of(thrown);
+  CHECK_MESSAGE(contains(msg, "all_reduce(f32[4], op=sum, group=[0, 1])"), msg);
+  CHECK_MESSAGE(contains(msg, "can never complete: rank 1 returned from its function without issuing it"), msg);
+  CHECK(outcomes[0].kind == outcome::mismatch);
+  CHECK(outcomes[1].kind == outcome::none);
+
+  // Also when the collective is issued after the peer is long gone, and on a subgroup.
+  const auto t1 = clock_type::now();
+  CHECK_THROWS_WITH_AS(cg::run_threads(
+                           3,
+                           [](cg::rank_context& ctx) {
+                             if (ctx.rank() != 0) return;
+                             std::this_thread::sleep_for(milliseconds(20));
+                             cg::all_reduce(cg::ones<float>({1}), "sum", cg::group{std::vector<int>{0, 2}}).wait();
+                           },
+                           cg::threads_options{}),
+                       doctest::Contains("rank 2 returned from its function without issuing it"),
+                       cg::collective_mismatch_error);
+  CHECK(seconds_since(t1) < 5.0);
+}
+
+TEST_CASE("exit.returning_after_issuing_is_fine") {
+  // A rank may return with its collective still pending: its worker finishes it.
+  cg::run_threads(
+      2,
+      [](cg::rank_context& ctx) {
+        auto r = cg::all_reduce(cg::ones<float>({1}), "sum", ctx.world());
+        if (ctx.rank() == 0) {
+          std::this_thread::sleep_for(milliseconds(20));  // rank 1 has most likely returned
+          CHECK(r.item() == 2.f);
+        }
+      },
+      opts());
+}
