@@ -1,0 +1,178 @@
+// ccgraph/ir/analysis.hpp: what is computed from a graph without running it: op_sequence, the
+// structural hash (the cache key of compiled graphs), lint and dead-code elimination.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/second.hpp>
+
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ir/print.hpp>
+
+namespace ccgraph {
+
+/// One entry per node except placeholders and the output: the op name, with fused pointwise
+/// nodes as their "fused_<op>_<op>" name (what PyTorch's tests compare schedules with).
+inline std::vector<std::string> op_sequence(const graph& g) {
+  std::vector<std::string> seq;
+  for (const node* n : g.nodes()) {
+    if (std::holds_alternative<ops::placeholder>(n->kind()) || std::holds_alternative<ops::output>(n->kind()))
+      continue;
+    if (auto* p = std::get_if<ops::pointwise>(&n->kind()))
+      seq.push_back(p->fused);
+    else
+      seq.emplace_back(n->op());
+  }
+  return seq;
+}
+
+namespace detail {
+
+/// FNV-1a, 64 bits: stable across runs and platforms, unlike std::hash.
+struct hasher {
+  std::uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, std::size_t n) {
+    auto* c = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) {
+      h ^= c[i];
+      h *= 1099511628211ull;
+    }
+  }
+  void add(std::int64_t v) { bytes(&v, sizeof v); }
+  void add(std::string_view s) {
+    add(static_cast<std::int64_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  void add(const std::string& s) { add(std::string_view(s)); }
+  void add(bool v) { add(static_cast<std::int64_t>(v)); }
+  void add(int v) { add(static_cast<std::int64_t>(v)); }
+  void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
+  template <class T>
+  void add(const std::vector<T>& v) {
+    add(static_cast<std::int64_t>(v.size()));
+    for (const auto& x : v) add(x);
+  }
+  void add(const tensor_meta& m) {
+    add(static_cast<std::int64_t>(m.dtype));
+    add(m.shape);
+  }
+};
+
+}  // namespace detail
+
+/// Equal for equal programs with equal shapes and dtypes (node names do not matter), different
+/// otherwise: the cache key of compiled graphs.
+inline std::uint64_t structural_hash(const graph& g) {
+  detail::hasher h;
+  std::unordered_map<const node*, std::int64_t> pos;
+  std::int64_t i = 0;
+  for (const node* n : g.nodes()) {
+    pos[n] = i++;
+    h.add(n->op());
+    std::visit(
+        [&](const auto& o) {
+          boost::hana::for_each(boost::hana::accessors<std::decay_t<decltype(o)>>(),
+                                [&](auto acc) { h.add(boost::hana::second(acc)(o)); });
+        },
+        n->kind());
+    for (auto& a : n->args()) {
+      h.add(pos.at(a.src));
+      h.add(a.index);
+    }
+    h.add(n->metas());
+    if (n->group()) h.add(n->group()->ranks);
+  }
+  return h.h;
+}
+
+/// Checks what FX's lint checks (arguments defined before use and owned by the graph, unique
+/// names, users lists consistent with arguments, metas equal to what inference gives) and what
+/// collectives need: every collective output read by exactly one wait_tensor (or returned
+/// un-waited), nothing but waits and the output reading a collective directly, placeholders
+/// first and one output node last. Throws ccgraph::error carrying the printed graph.
+inline void lint(const graph& g) {
+  auto fail = [&](const std::string& msg) {
+    CCGRAPH_THROW(error, "lint: ", msg, "\n", to_string(g));
+  };
+  std::unordered_map<const node*, std::size_t> pos;
+  std::unordered_set<std::string> names;
+  const auto& nodes = g.nodes();
+  bool seen_compute = false;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const node* n = nodes[i];
+    if (n->owner() != &g) fail("node %" + n->name() + " is not owned by this graph");
+    if (!names.insert(n->name()).second) fail("duplicate node name %" + n->name());
+    const bool is_ph = std::holds_alternative<ops::placeholder>(n->kind());
+    const bool is_out = std::holds_alternative<ops::output>(n->kind());
+    if (is_ph && seen_compute) fail("placeholder %" + n->name() + " after other nodes");
+    if (!is_ph) seen_compute = true;
+    if (is_out && i + 1 != nodes.size()) fail("output node %" + n->name() + " is not last");
+    std::vector<tensor_meta> in;
+    for (auto& a : n->args()) {
+      if (!a.src || a.src->owner() != &g) fail("node %" + n->name() + " reads a node of another graph");
+      auto it = pos.find(a.src);
+      if (it == pos.end()) fail("node %" + n->name() + " reads %" + a.src->name() + " before it is defined");
+      if (a.index < 0 || a.index >= a.src->num_outputs())
+        fail("node %" + n->name() + " reads output " + std::to_string(a.index) + " of %" + a.src->name() +
+             ", which has " + std::to_string(a.src->num_outputs()));
+      in.push_back(a.src->meta(a.index));
+      const auto& users = a.src->users();
+      if (std::find(users.begin(), users.end(), n) == users.end())
+        fail("%" + a.src->name() + " does not list its user %" + n->name());
+      if (a.src->is_collective() && !n->is_wait() && !is_out)
+        fail("%" + n->name() + " reads collective %" + a.src->name() + " without a wait_tensor");
+    }
+    for (const node* u : n->users()) {
+      bool reads = false;
+      for (auto& a : u->args()) reads = reads || a.src == n;
+      if (!reads) fail("%" + n->name() + " lists user %" + u->name() + ", which does not read it");
+    }
+    if (!is_ph && !is_out) {
+      try {
+        if (infer(n->kind(), in, n->group()) != n->metas())
+          fail("node %" + n->name() + " has metas that differ from what its inputs give");
+      } catch (const error& e) {
+        fail("node %" + n->name() + " is invalid: " + e.what());
+      }
+    }
+    if (n->is_collective()) {
+      for (int k = 0; k < n->num_outputs(); ++k) {
+        int waits = 0, returned = 0;
+        for (const node* u : n->users())
+          for (auto& a : u->args())
+            if (a.src == n && a.index == k) {
+              if (u->is_wait()) ++waits;
+              else if (std::holds_alternative<ops::output>(u->kind())) ++returned;
+            }
+        if (waits > 1 || (waits == 0 && returned == 0))
+          fail("collective %" + n->name() + " output " + std::to_string(k) + " has " +
+               std::to_string(waits) + " wait_tensor nodes (expected exactly one)");
+      }
+    }
+    pos[n] = i;
+  }
+  if (!g.output_node()) fail("the graph has no output node");
+}
+
+/// Removes nodes whose results nobody reads, except placeholders, the output, collectives and
+/// waits (which have effects on other ranks). Returns how many nodes were removed.
+inline std::size_t eliminate_dead_code(graph& g) {
+  std::size_t removed = 0;
+  const std::vector<node*> nodes = g.nodes();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    node* n = *it;
+    if (n->is_impure() || !n->users().empty()) continue;
+    g.erase(n);
+    ++removed;
+  }
+  return removed;
+}
+
+}  // namespace ccgraph

@@ -1,0 +1,145 @@
+// ccgraph/trace/symbolic.hpp: symbolic<T>, what a traced function receives instead of tensors.
+// It has a tensor's shape, dtype and view methods; every op on it records a graph node.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/expr/fwd.hpp>
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/trace/trace_state.hpp>
+
+namespace ccgraph {
+
+/// A value of the graph being traced, typed by its element type. Created by cg::trace for the
+/// inputs and by every op applied to symbolic values; views and ops record nodes. A symbolic
+/// result of a collective is waited (a wait_tensor node follows the collective), but remembers
+/// the collective's own output so that returning it unused returns it un-waited.
+template <class T>
+class symbolic {
+  static_assert(is_element_v<T>, "symbolic<T>: T must be a tensor element type");
+
+ public:
+  using value_type = T;
+
+  /// Wraps output `ref` of the traced graph; `unwaited` is the collective output `ref` waits on.
+  symbolic(detail::trace_state* st, value_ref ref, value_ref unwaited = {})
+      : st_(st), ref_(ref), unwaited_(unwaited) {
+    CCGRAPH_CHECK(ref.src->dtype(ref.index) == dtype_v<T>, "symbolic<", dtype_v<T>, ">: value %",
+                  ref.src->name(), " is ", ref.src->meta(ref.index).str());
+  }
+  /// Materialises a traced pointwise expression as one fused node (see trace/ops.hpp).
+  template <expression E>
+  symbolic(const E& e);  // NOLINT: implicit, like tensor<T>'s
+
+  /// The graph value this stands for.
+  value_ref ref() const { return ref_; }
+  /// The collective output this value waits on (null src if it is not a wait).
+  value_ref unwaited() const { return unwaited_; }
+  /// The trace this value belongs to.
+  detail::trace_state* state() const { return st_; }
+  /// Sizes of the dimensions.
+  const shape_t& shape() const { return ref_.src->shape(ref_.index); }
+  /// Size of dimension `d`.
+  std::int64_t size(std::int64_t d) const { return shape()[normalize_dim(d, shape().size(), "size")]; }
+  /// Number of dimensions.
+  int dim() const { return static_cast<int>(shape().size()); }
+  /// Number of elements.
+  std::int64_t numel() const { return numel_of(shape()); }
+  /// The element-type tag.
+  static constexpr ccgraph::dtype dtype() { return dtype_v<T>; }
+
+  // Views and shape ops record nodes; same names and semantics as tensor<T>'s.
+  /// reshape (one size may be -1).
+  symbolic reshape(shape_t s) const { return unary(ops::reshape{resolve_shape(std::move(s))}, "reshape"); }
+  /// view (as reshape).
+  symbolic view(shape_t s) const { return reshape(std::move(s)); }
+  /// flatten to 1-d.
+  symbolic flatten() const { return reshape({numel()}); }
+  /// narrow along `dim`.
+  symbolic narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const {
+    if (start < 0) start += size(dim);
+    return unary(ops::narrow{dim, start, length}, "narrow");
+  }
+  /// chunk along `dim` (PyTorch's sizes), as narrow nodes.
+  std::vector<symbolic> chunk(std::int64_t chunks, std::int64_t dim = 0) const {
+    CCGRAPH_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
+    const int d = normalize_dim(dim, shape().size(), "chunk");
+    const std::int64_t n = shape()[static_cast<std::size_t>(d)];
+    const std::int64_t step = std::max<std::int64_t>(1, (n + chunks - 1) / chunks);
+    std::vector<symbolic> out;
+    for (std::int64_t start = 0; start < n || (n == 0 && out.empty()); start += step)
+      out.push_back(narrow(d, start, std::min(step, n - start)));
+    return out;
+  }
+  /// select along `dim`.
+  symbolic select(std::int64_t dim, std::int64_t index) const { return unary(ops::select{dim, index}, "select"); }
+  /// transpose two dims.
+  symbolic transpose(std::int64_t d0, std::int64_t d1) const { return unary(ops::transpose{d0, d1}, "transpose"); }
+  /// permute dims.
+  symbolic permute(const std::vector<std::int64_t>& dims) const { return unary(ops::permute{dims}, "permute"); }
+  /// unsqueeze at `dim`.
+  symbolic unsqueeze(std::int64_t dim) const { return unary(ops::unsqueeze{dim}, "unsqueeze"); }
+  /// contiguous.
+  symbolic contiguous() const { return unary(ops::contiguous{}, "contiguous"); }
+  /// repeat.
+  symbolic repeat(const std::vector<std::int64_t>& times) const { return unary(ops::repeat{times}, "repeat"); }
+
+ private:
+  symbolic unary(node_op op, std::string_view hint) const {
+    return symbolic(st_, {st_->g.add(std::move(op), {ref_}, {}, hint), 0});
+  }
+  shape_t resolve_shape(shape_t s) const {
+    // Resolve -1 now so the recorded attribute is the real shape.
+    std::int64_t known = 1;
+    int infer = -1;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == -1) {
+        CCGRAPH_CHECK(infer < 0, "reshape: only one dimension can be -1 in ", shape_str(s));
+        infer = static_cast<int>(i);
+      } else {
+        known *= s[i];
+      }
+    }
+    if (infer >= 0 && known != 0 && numel() % known == 0) s[static_cast<std::size_t>(infer)] = numel() / known;
+    return s;
+  }
+
+  detail::trace_state* st_;
+  value_ref ref_;
+  value_ref unwaited_;
+};
+
+template <class T>
+inline constexpr bool is_symbolic_v<symbolic<T>> = true;
+
+/// Any symbolic<T>.
+template <class X>
+concept symbolic_type = is_symbolic_v<std::remove_cvref_t<X>>;
+
+namespace detail {
+
+/// The expression leaf of a symbolic operand: the value, by value (it is a small handle).
+template <element T>
+struct symbolic_leaf {
+  using value_type = T;
+  symbolic<T> value;
+  const shape_t& shape() const { return value.shape(); }
+};
+
+template <class T>
+struct leaf_type_of<symbolic<T>> {
+  using type = symbolic_leaf<T>;
+};
+
+}  // namespace detail
+
+template <class T>
+inline constexpr bool is_symbolic_leaf_v<detail::symbolic_leaf<T>> = true;
+
+}  // namespace ccgraph

@@ -1,0 +1,49 @@
+// ccgraph/trace/trace_state.hpp: the recording a trace is building, and the fake world its
+// collectives resolve their groups against (any rank of any world size, no backend).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/group/group.hpp>
+#include <ccgraph/ir/graph.hpp>
+
+namespace ccgraph {
+
+/// The rank a trace plays. With no rank context on the thread the defaults are rank 0 and a
+/// world known only through explicit rank lists; inside run_threads the rank's own context is
+/// used unless these are set.
+struct trace_options {
+  /// The rank whose program is recorded (MPMD groups resolve for it); -1: the thread's rank.
+  int rank = -1;
+  /// World size for the group "0" and range checks; 0: the thread's world, else unknown.
+  int world_size = 0;
+};
+
+namespace detail {
+
+/// The graph being recorded and what recording needs. One per active trace, per thread.
+struct trace_state {
+  graph g;
+  int rank = 0;
+  std::shared_ptr<group_registry> registry;
+  /// Materialised pointwise expressions by (expression text, inputs): a value used by several
+  /// consumers becomes one node.
+  std::unordered_map<std::string, value_ref> pointwise_memo;
+
+  /// The canonical group of `g` for the traced rank ("the fake communicator").
+  group_info resolve(const group& grp, const char* what) const {
+    return grp.resolve(rank, *registry, what);
+  }
+};
+
+/// The calling thread's active trace, or null.
+inline trace_state*& current_trace_ptr() {
+  thread_local trace_state* st = nullptr;
+  return st;
+}
+
+}  // namespace detail
+}  // namespace ccgraph
