@@ -113,6 +113,7 @@ class graph {
       nodes_.clear();
       order_.clear();
       names_.clear();
+      next_suffix_.clear();
       index_.clear();
       copy_from(other);
     }
@@ -123,6 +124,7 @@ class graph {
     nodes_ = std::move(other.nodes_);
     order_ = std::move(other.order_);
     names_ = std::move(other.names_);
+    next_suffix_ = std::move(other.next_suffix_);
     index_ = std::move(other.index_);
     for (auto& n : nodes_) n->owner_ = this;
     return *this;
@@ -270,10 +272,16 @@ class graph {
     return n;
   }
 
+  /// `hint`, or `hint_k` with the smallest free k at or after the last one given out for this
+  /// hint: constant time per name, so tracing stays linear in the number of nodes.
   std::string unique_name(std::string_view hint) {
     std::string base(hint.empty() ? "v" : hint);
     std::string name = base;
-    for (int k = 1; names_.count(name); ++k) name = base + "_" + std::to_string(k);
+    if (names_.count(name)) {
+      int& k = next_suffix_[base];
+      do name = base + "_" + std::to_string(++k);
+      while (names_.count(name));
+    }
     names_.insert(name);
     return name;
   }
@@ -317,6 +325,7 @@ class graph {
       order_.push_back(n);
       names_.insert(n->name_);
     }
+    next_suffix_ = other.next_suffix_;
     for (const node* o : other.order_)
       for (const node* u : o->users_) map.at(o)->users_.push_back(map.at(u));
     reindex(0);
@@ -325,6 +334,7 @@ class graph {
   std::vector<std::unique_ptr<node>> nodes_;
   std::vector<node*> order_;
   std::unordered_set<std::string> names_;
+  std::unordered_map<std::string, int> next_suffix_;  // last suffix given out per name hint
   std::unordered_map<const node*, std::size_t> index_;
 };
 
