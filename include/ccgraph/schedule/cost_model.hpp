@@ -1,0 +1,797 @@
+// ccgraph/schedule/cost_model.hpp: how long a node takes, for the schedulers. Three parts:
+//
+//  - collectives: an analytical model of NCCL (ring and tree; the LL, LL128 and Simple
+//    protocols; NVLink, PCI and network latencies; per-GPU-generation bandwidth caps), built the
+//    way NCCL's own tuner (src/graph/tuning.cc, ncclTopoTuneModel / ncclTopoGetAlgoTime) and
+//    PyTorch Inductor's torch/_inductor/comm_analysis.py build theirs; a simpler direct model
+//    for the CPU threads backend;
+//  - compute: a roofline, max(FLOPs / peak, bytes / memory bandwidth) plus a launch overhead,
+//    against a device description;
+//  - calibration: a table of measured (op, group size, bytes) -> microseconds points, loaded
+//    from CSV (bench/bench_calibrate.cpp writes one) and interpolated log-log; measured points
+//    win over the analytical model.
+//
+// Units: times in microseconds; device_spec rates in bytes/s and FLOP/s; the NCCL tables keep
+// NCCL's own units (latencies in us, bandwidths in GB/s = 1e9 B/s), so they read like the source.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ir/node_op.hpp>
+#include <ccgraph/ops/collective_ops.hpp>
+#include <ccgraph/ops/matmul.hpp>
+
+namespace ccgraph {
+
+// ---------------------------------------------------------------------------------------------
+// NCCL's enumerations and tables
+//
+// Source of every number in this section, unless a comment says otherwise: NCCL
+// src/graph/tuning.cc, the version with Blackwell rows and PAT (NCCL 2.23 to 2.28; PERF.md's
+// machine runs 2.28). We model NCCL's two general algorithms (tree, ring) and its three
+// protocols; CollNet, NVLS and PAT need hardware or settings we do not assume (PERF.md runs
+// with NCCL_NVLS_ENABLE=0). Inductor's comm_analysis.py keeps the same tables with the LL
+// column only; torch's test_nccl_heuristics checks their dimensions, which the static_asserts
+// below and tests/schedule/test_cost_model.cpp check here.
+// ---------------------------------------------------------------------------------------------
+
+/// NCCL's collective algorithms that the model considers (NCCL_ALGO_TREE, NCCL_ALGO_RING; same
+/// indices as NCCL).
+enum class nccl_algo : std::uint8_t { tree, ring };
+/// NCCL's protocols (NCCL_PROTO_LL, _LL128, _SIMPLE; same indices as NCCL): LL has the lowest
+/// latency and the lowest bandwidth (8-byte stores with a flag), Simple the opposite.
+enum class nccl_proto : std::uint8_t { ll, ll128, simple };
+/// The link a step crosses (NCCL_HW_NVLINK, _PCI, _NET).
+enum class nccl_hw : std::uint8_t { nvlink, pci, net };
+/// GPU generations NCCL tunes for (VOLTA/AMPERE/HOPPER/BLACKWELL_COMPCAP_IDX: sm70, sm80,
+/// sm90, sm100).
+enum class gpu_generation : std::uint8_t { volta, ampere, hopper, blackwell };
+/// The collectives the model knows (NCCL's ncclFunc* that funcol uses, plus all-to-all, which
+/// NCCL runs as grouped send/recv).
+enum class nccl_coll : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, all_to_all };
+
+/// Number of nccl_algo values (len(NCCL_ALGO)).
+inline constexpr std::size_t nccl_num_algos = 2;
+/// Number of nccl_proto values (len(NCCL_PROTO)).
+inline constexpr std::size_t nccl_num_protos = 3;
+/// Number of nccl_hw values (len(NCCL_HW)).
+inline constexpr std::size_t nccl_num_hw = 3;
+/// Number of gpu_generation values (len(NVIDIA_GPU_TYPE)).
+inline constexpr std::size_t num_gpu_generations = 4;
+/// Columns of NCCL's per-generation bandwidth tables: 1 node, 2 nodes, more than 2 nodes.
+inline constexpr std::size_t nccl_num_node_classes = 3;
+/// Entries of NCCL's tree correction table: powers of two from 64 B to 256 MiB.
+inline constexpr std::size_t nccl_num_tree_corrections = 23;
+
+/// Base latency of a collective in us, [algo][proto] (tuning.cc `baseLat`).
+inline constexpr std::array<std::array<double, nccl_num_protos>, nccl_num_algos> nccl_base_latency = {{
+    /* tree: LL, LL128, Simple */ {6.8, 14.0, 8.4},
+    /* ring: LL, LL128, Simple */ {6.6, 14.0, 8.4},
+}};
+
+/// Latency per step in us, [hw][algo][proto] (tuning.cc `hwLat`).
+inline constexpr std::array<std::array<std::array<double, nccl_num_protos>, nccl_num_algos>, nccl_num_hw>
+    nccl_hw_latency = {{
+        /* nvlink */ {{/* tree */ {0.6, 1.25, 4.0}, /* ring */ {0.6, 1.9, 3.4}}},
+        /* pci    */ {{/* tree */ {1.0, 1.9, 4.0}, /* ring */ {1.0, 2.5, 5.7}}},
+        /* net    */ {{/* tree */ {5.0, 8.5, 14.0}, /* ring */ {2.7, 4.0, 14.0}}},
+    }};
+
+/// LL protocol bandwidth cap in GB/s, [generation][node class] (tuning.cc `llMaxBws`). NCCL
+/// indexes the row by GPU generation on one node and by CPU vendor (Intel row 0, AMD row 1)
+/// across nodes; like Inductor we take row 0 (Intel) across nodes. Hopper's row is NCCL's
+/// current one (141/45/35; the comm_analysis.py we read repeats Ampere's 87.7/22.5/19.0 for
+/// Hopper, as older NCCL did); Blackwell's is 2x Hopper.
+inline constexpr std::array<std::array<double, nccl_num_node_classes>, num_gpu_generations> ll_max_bandwidth = {{
+    /* volta     */ {39.0, 39.0, 20.4},
+    /* ampere    */ {87.7, 22.5, 19.0},
+    /* hopper    */ {141.0, 45.0, 35.0},
+    /* blackwell */ {2 * 141.0, 2 * 45.0, 2 * 35.0},
+}};
+
+/// Ring LL128 bandwidth cap per channel in GB/s, [generation][node class]
+/// (tuning.cc `perChMaxRingLL128Bws`).
+inline constexpr std::array<std::array<double, nccl_num_node_classes>, num_gpu_generations>
+    per_channel_max_ring_ll128_bandwidth = {{
+        {20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 36.7}, {2 * 36.7, 2 * 36.7, 2 * 36.7}}};
+
+/// Tree LL128 bandwidth cap per channel in GB/s, [generation][node class]
+/// (tuning.cc `perChMaxTreeLL128Bws`).
+inline constexpr std::array<std::array<double, nccl_num_node_classes>, num_gpu_generations>
+    per_channel_max_tree_ll128_bandwidth = {{
+        {20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 29.0}, {2 * 36.7, 2 * 36.7, 2 * 29.0}}};
+
+/// Tree bandwidth cap per channel in GB/s, [generation][node class] (tuning.cc `perChMaxTreeBws`).
+inline constexpr std::array<std::array<double, nccl_num_node_classes>, num_gpu_generations>
+    per_channel_max_tree_bandwidth = {{
+        {26.5, 18.5, 10.0}, {24.0, 23.6, 17.8}, {38.7, 41.4, 36.0}, {2 * 38.7, 2 * 41.4, 2 * 36.0}}};
+
+/// NCCL's bandwidth of one NVLink in GB/s by generation (src/graph/topo.h SM70_NVLINK_BW 20.0,
+/// SM80 20.0, SM90 20.6, SM100 40.1): what its topology search sums over a GPU's links.
+inline constexpr std::array<double, num_gpu_generations> nccl_nvlink_bandwidth_per_link = {20.0, 20.0, 20.6, 40.1};
+
+/// Tree all-reduce bandwidth correction, [proto][log2(bytes / 64)] (tuning.cc
+/// `treeCorrectionFactor`: "trees are not perfectly sticking to the model for medium sizes").
+inline constexpr std::array<std::array<double, nccl_num_tree_corrections>, nccl_num_protos> nccl_tree_correction = {{
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0},
+    {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9},
+}};
+
+static_assert(nccl_base_latency.size() == nccl_num_algos && nccl_base_latency[0].size() == nccl_num_protos);
+static_assert(nccl_hw_latency.size() == nccl_num_hw && nccl_hw_latency[0].size() == nccl_num_algos &&
+              nccl_hw_latency[0][0].size() == nccl_num_protos);
+static_assert(ll_max_bandwidth.size() == num_gpu_generations);
+
+/// "tree", "ring".
+constexpr std::string_view to_string(nccl_algo a) { return a == nccl_algo::tree ? "tree" : "ring"; }
+/// "LL", "LL128", "Simple" (NCCL's spelling).
+constexpr std::string_view to_string(nccl_proto p) {
+  return p == nccl_proto::ll ? "LL" : p == nccl_proto::ll128 ? "LL128" : "Simple";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices
+// ---------------------------------------------------------------------------------------------
+
+/// How a device runs collectives: NCCL on GPUs, or the threads backend's direct shared-memory
+/// algorithm (every member reads every other member's buffer).
+enum class collective_backend : std::uint8_t { nccl, threads };
+
+/// What the cost model knows of one rank's device and its links. Rates are what kernels reach
+/// (not datasheet peaks) wherever a measurement is known; each preset says where its numbers
+/// come from.
+struct device_spec {
+  /// Printed name ("H200 SXM").
+  std::string name;
+  /// NCCL's generation index (selects rows of the NCCL tables).
+  gpu_generation generation = gpu_generation::hopper;
+  /// NCCL, or the CPU threads backend.
+  collective_backend backend = collective_backend::nccl;
+  /// FLOP/s of f32 on the vector units (CUDA cores): f32 matmul without TF32, and every
+  /// pointwise op.
+  double flops_f32 = 0;
+  /// FLOP/s of f32 matmul on TF32 tensor cores (used when cost_model::allow_tf32).
+  double flops_tf32 = 0;
+  /// FLOP/s of bf16 and f16 matmul (dense, tensor cores).
+  double flops_bf16 = 0;
+  /// FLOP/s of f64 matmul.
+  double flops_f64 = 0;
+  /// Device memory bandwidth reached by streaming kernels, B/s.
+  double memory_bw = 0;
+  /// NVLink bandwidth per GPU and direction (datasheet), B/s; 0 without NVLink.
+  double nvlink_bw = 0;
+  /// Number of NVLinks per GPU (NCCL's bandwidth is links x its per-link figure; we also take
+  /// it as the channel count for NCCL's per-channel caps).
+  int nvlink_links = 0;
+  /// Fraction of NCCL's topology bandwidth that large Simple-protocol rings reach (fit to
+  /// measurements; 1 = NCCL's own model).
+  double nccl_efficiency = 1.0;
+  /// PCIe bandwidth per GPU and direction, B/s (GPU-to-GPU path when there is no NVLink).
+  double pci_bw = 0;
+  /// Network bandwidth per GPU (one NIC per GPU, rail-optimised, as DGX/HGX nodes), B/s.
+  double net_bw = 0;
+  /// GPUs (ranks) per node: groups larger than this span nodes.
+  int gpus_per_node = 8;
+  /// Overhead per kernel or collective launch, us.
+  double launch_us = 0;
+  /// threads backend only: hand-off to the communication workers and rendezvous of the members,
+  /// us per peer (a collective on n ranks adds launch_us + (n - 1) x rendezvous_us).
+  double rendezvous_us = 0;
+
+  /// H100 SXM5 (80 GB HBM3, NVLink 4).
+  ///  - Tensor-core peaks (NVIDIA H100 datasheet, dense): bf16 989 TFLOP/s, tf32 495, f32 (CUDA
+  ///    cores) 67, f64 67. H100 SXM and H200 are the same GH100 chip at the same clocks and
+  ///    power, so we use H200's measured 790 TFLOP/s bf16 (PERF.md; 80% of peak) and assume
+  ///    80% of the other peaks.
+  ///  - HBM3 3.35 TB/s (datasheet); we assume streaming kernels reach 85%.
+  ///  - NVLink 4: 18 links, 900 GB/s bidirectional = 450 GB/s per direction (datasheet); NCCL
+  ///    counts 18 x 20.6 = 370.8 GB/s, of which rings reach 89% (PERF.md: 331 GB/s all_reduce
+  ///    busbw at 1 GiB on 2 H200, same NVLink).
+  ///  - PCIe Gen5 x16 64 GB/s per direction; ConnectX-7 400 Gb/s = 50 GB/s per GPU.
+  ///  - launch 4 us: PERF.md's eager 4 KiB all_reduce takes 11.9 us, NCCL's model 7.8 us of it.
+  static device_spec h100() {
+    device_spec d;
+    d.name = "H100 SXM";
+    d.generation = gpu_generation::hopper;
+    d.flops_bf16 = 790e12;
+    d.flops_tf32 = 0.8 * 494.7e12;
+    d.flops_f32 = 0.8 * 66.9e12;
+    d.flops_f64 = 0.8 * 66.9e12;
+    d.memory_bw = 0.85 * 3.35e12;
+    d.nvlink_bw = 450e9;
+    d.nvlink_links = 18;
+    d.nccl_efficiency = 331.0 / 370.8;
+    d.pci_bw = 64e9;
+    d.net_bw = 50e9;
+    d.gpus_per_node = 8;
+    d.launch_us = 4.0;
+    return d;
+  }
+  /// H200 SXM (141 GB HBM3e): H100's compute and NVLink (same chip), HBM3e 4.8 TB/s
+  /// (datasheet), 85% assumed reached. bf16 790 TFLOP/s and the NCCL efficiency are PERF.md's
+  /// measurements on this part.
+  static device_spec h200() {
+    device_spec d = h100();
+    d.name = "H200 SXM";
+    d.memory_bw = 0.85 * 4.8e12;
+    return d;
+  }
+  /// A100 SXM4 80 GB (NVLink 3).
+  ///  - Datasheet peaks, dense: bf16 312 TFLOP/s, tf32 156, f32 19.5, f64 (tensor) 19.5; large
+  ///    cuBLAS GEMMs reach about 85% (assumed, not measured here).
+  ///  - HBM2e 2.04 TB/s (datasheet), 85% assumed reached.
+  ///  - NVLink 3: 12 links, 600 GB/s bidirectional = 300 GB/s per direction; NCCL counts
+  ///    12 x 20 = 240 GB/s; nccl-tests all_reduce busbw on DGX A100 is commonly reported near
+  ///    230 GB/s, so 95%.
+  ///  - PCIe Gen4 x16 32 GB/s; HDR InfiniBand 200 Gb/s = 25 GB/s per GPU.
+  static device_spec a100() {
+    device_spec d;
+    d.name = "A100 SXM";
+    d.generation = gpu_generation::ampere;
+    d.flops_bf16 = 0.85 * 312e12;
+    d.flops_tf32 = 0.85 * 156e12;
+    d.flops_f32 = 0.85 * 19.5e12;
+    d.flops_f64 = 0.85 * 19.5e12;
+    d.memory_bw = 0.85 * 2.039e12;
+    d.nvlink_bw = 300e9;
+    d.nvlink_links = 12;
+    d.nccl_efficiency = 0.95;
+    d.pci_bw = 32e9;
+    d.net_bw = 25e9;
+    d.gpus_per_node = 8;
+    d.launch_us = 4.0;
+    return d;
+  }
+  /// The CPU threads backend (every rank a thread of one process), roughly, so predictions on
+  /// CI mean something. Measured on the 2-core CI container (bench/bench_compute.cpp,
+  /// bench/bench_calibrate.cpp): matmul 20 to 37 GFLOP/s f32 on one core, 27 bf16, 13 f64;
+  /// large memcpy 2.4 to 3.3 GB/s, fused pointwise loops about 4 GB/s, collectives about 2 GB/s
+  /// of member traffic; a collective's round trip at 4 KiB is 21 to 37 us on 2 ranks and 90 to
+  /// 130 us on 4 (ranks and their workers share the cores). Calibrate (bench_calibrate) for
+  /// real numbers on another machine.
+  static device_spec cpu_threads() {
+    device_spec d;
+    d.name = "CPU threads";
+    d.generation = gpu_generation::volta;  // unused: the threads backend has no NCCL tables
+    d.backend = collective_backend::threads;
+    d.flops_bf16 = 20e9;
+    d.flops_tf32 = 20e9;
+    d.flops_f32 = 20e9;
+    d.flops_f64 = 10e9;
+    d.memory_bw = 2.5e9;
+    d.gpus_per_node = 1 << 20;
+    d.launch_us = 2.0;
+    d.rendezvous_us = 30.0;
+    return d;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Calibration
+// ---------------------------------------------------------------------------------------------
+
+/// Measured collective times: (op name, group size, bytes) -> us, with log-log interpolation
+/// between measured sizes. `bytes` is the op's input bytes on one rank (summed over a
+/// coalesced op's inputs), the same quantity cost_model::collective_us reads from the inputs.
+/// CSV form, one point a line, an optional header, `#` comments: `op,group_size,bytes,us`.
+class calibration {
+ public:
+  /// One measured point.
+  struct point {
+    std::string op;
+    int group_size = 0;
+    std::int64_t bytes = 0;
+    double us = 0;
+    friend bool operator==(const point&, const point&) = default;
+  };
+
+  /// Records a point; a later point for the same op, group size and bytes replaces the earlier.
+  void add(std::string_view op, int group_size, std::int64_t bytes, double us) {
+    CCGRAPH_CHECK(!op.empty(), "calibration::add: empty op name");
+    CCGRAPH_CHECK(group_size >= 1, "calibration::add: group_size ", group_size, " for ", op, " must be >= 1");
+    CCGRAPH_CHECK(bytes >= 0, "calibration::add: negative bytes ", bytes, " for ", op);
+    CCGRAPH_CHECK(std::isfinite(us) && us >= 0, "calibration::add: time ", us, " us for ", op,
+                  " must be finite and >= 0");
+    table_[key_t(std::string(op), group_size)][bytes] = us;
+  }
+
+  /// True when there are points for `op` at `group_size`.
+  bool has(std::string_view op, int group_size) const {
+    return table_.find(key_t(std::string(op), group_size)) != table_.end();
+  }
+  /// Number of points.
+  std::size_t size() const {
+    std::size_t n = 0;
+    for (auto& [k, v] : table_) n += v.size();
+    return n;
+  }
+  /// True without points.
+  bool empty() const { return table_.empty(); }
+  /// Every point, ordered by op, group size and bytes.
+  std::vector<point> points() const {
+    std::vector<point> v;
+    for (auto& [k, pts] : table_)
+      for (auto& [b, us] : pts) v.push_back({k.first, k.second, b, us});
+    return v;
+  }
+
+  /// The time of `op` on `group_size` ranks for `bytes`: log-log linear between the two
+  /// nearest measured sizes; below the smallest, the smallest's time (latency-bound); above the
+  /// largest, the largest's time plus the extra bytes at the bandwidth of the last segment. No
+  /// value without points for (op, group_size).
+  std::optional<double> interpolate(std::string_view op, int group_size, std::int64_t bytes) const {
+    auto it = table_.find(key_t(std::string(op), group_size));
+    if (it == table_.end() || it->second.empty()) return std::nullopt;
+    const auto& pts = it->second;  // bytes -> us, ascending
+    auto hi = pts.lower_bound(bytes);
+    if (hi != pts.end() && hi->first == bytes) return hi->second;
+    if (hi == pts.begin()) return hi->second;
+    if (hi == pts.end()) {
+      auto last = std::prev(pts.end());
+      double bw = 0;  // bytes per us
+      if (last != pts.begin()) {
+        auto prev = std::prev(last);
+        if (last->second > prev->second) bw = double(last->first - prev->first) / (last->second - prev->second);
+      }
+      if (bw <= 0 && last->second > 0) bw = double(last->first) / last->second;
+      if (bw <= 0) return last->second;
+      return last->second + double(bytes - last->first) / bw;
+    }
+    auto lo = std::prev(hi);
+    const double x0 = double(lo->first), x1 = double(hi->first), x = double(bytes);
+    const double y0 = lo->second, y1 = hi->second;
+    if (x0 <= 0 || y0 <= 0 || y1 <= 0) return y0 + (y1 - y0) * (x - x0) / (x1 - x0);  // no logs of 0
+    const double f = std::log(x / x0) / std::log(x1 / x0);
+    return std::exp(std::log(y0) + f * (std::log(y1) - std::log(y0)));
+  }
+
+  /// Adds the points of a CSV table (`op,group_size,bytes,us` lines; a header line with those
+  /// names, blank lines and lines starting with `#` are skipped). A malformed line throws an
+  /// error naming its line number and content; nothing is added then.
+  void load(std::istream& in) {
+    calibration staged = *this;
+    std::string line;
+    for (int lineno = 1; std::getline(in, line); ++lineno) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      const auto first = line.find_first_not_of(" \t");
+      if (first == std::string::npos || line[first] == '#') continue;
+      auto fields = split_csv(line);
+      auto fail = [&](const std::string& why) {
+        CCGRAPH_THROW(error, "calibration: line ", lineno, ": ", why, ": \"", line, "\"");
+      };
+      if (fields.size() != 4) fail("expected 4 fields op,group_size,bytes,us, got " + std::to_string(fields.size()));
+      if (fields[0] == "op" && fields[1] == "group_size" && fields[2] == "bytes" && fields[3] == "us") continue;
+      if (fields[0].empty()) fail("empty op name");
+      const auto g = parse_int(fields[1]);
+      if (!g || *g < 1 || *g > std::numeric_limits<int>::max()) fail("group_size must be an integer >= 1");
+      const auto b = parse_int(fields[2]);
+      if (!b || *b < 0) fail("bytes must be an integer >= 0");
+      const auto us = parse_double(fields[3]);
+      if (!us || !std::isfinite(*us) || *us < 0) fail("us must be a number >= 0");
+      staged.add(fields[0], static_cast<int>(*g), *b, *us);
+    }
+    *this = std::move(staged);
+  }
+  /// Writes the table as CSV with a header line, ordered by op, group size and bytes; load()
+  /// reads it back to an equal table.
+  void save(std::ostream& out) const {
+    std::ostringstream os;
+    os.precision(17);
+    os << "op,group_size,bytes,us\n";
+    for (auto& p : points()) os << p.op << ',' << p.group_size << ',' << p.bytes << ',' << p.us << '\n';
+    out << os.str();
+  }
+
+  friend bool operator==(const calibration&, const calibration&) = default;
+
+ private:
+  using key_t = std::pair<std::string, int>;
+  std::map<key_t, std::map<std::int64_t, double>> table_;
+
+  static std::string trim(std::string_view s) {
+    const auto b = s.find_first_not_of(" \t");
+    if (b == std::string_view::npos) return {};
+    const auto e = s.find_last_not_of(" \t");
+    return std::string(s.substr(b, e - b + 1));
+  }
+  static std::vector<std::string> split_csv(const std::string& line) {
+    std::vector<std::string> f;
+    std::size_t start = 0;
+    while (true) {
+      const auto comma = line.find(',', start);
+      f.push_back(trim(std::string_view(line).substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      if (comma == std::string::npos) return f;
+      start = comma + 1;
+    }
+  }
+  static std::optional<std::int64_t> parse_int(const std::string& s) {
+    if (s.empty()) return std::nullopt;
+    std::size_t pos = 0;
+    try {
+      const long long v = std::stoll(s, &pos);
+      if (pos != s.size()) return std::nullopt;
+      return static_cast<std::int64_t>(v);
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+  static std::optional<double> parse_double(const std::string& s) {
+    if (s.empty()) return std::nullopt;
+    std::size_t pos = 0;
+    try {
+      const double v = std::stod(s, &pos);
+      if (pos != s.size()) return std::nullopt;
+      return v;
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The analytical models
+// ---------------------------------------------------------------------------------------------
+
+/// NCCL's choice for one collective, and its predicted time (launch overhead included).
+struct nccl_estimate {
+  nccl_algo algo = nccl_algo::ring;
+  nccl_proto proto = nccl_proto::simple;
+  double us = 0;
+};
+
+namespace detail {
+
+/// floor(log2(v)) for v >= 1, as NCCL's log2i; -1 for v <= 0.
+constexpr int log2i(std::int64_t v) {
+  int r = -1;
+  while (v > 0) {
+    v >>= 1;
+    ++r;
+  }
+  return r;
+}
+
+/// The links NCCL would see for a group of `nranks` on device `d`: bus bandwidths in GB/s (what
+/// NCCL calls nChannels x bw), the channel count, nodes, and the intra-node link kind.
+struct nccl_topology {
+  int nranks = 1;
+  int nnodes = 1;
+  int channels = 1;
+  nccl_hw intra_hw = nccl_hw::nvlink;
+  double bus_bw = 0;    // GB/s the algorithm runs at: intra-node on one node, else inter-node
+  double intra_bw = 0;  // GB/s between GPUs of one node
+  double net_bw = 0;    // GB/s of one GPU's NIC
+};
+
+inline nccl_topology nccl_topology_of(const device_spec& d, int nranks) {
+  nccl_topology t;
+  t.nranks = nranks;
+  const int ppn_max = std::max(1, d.gpus_per_node);
+  t.nnodes = (nranks + ppn_max - 1) / ppn_max;
+  const auto gen = static_cast<std::size_t>(d.generation);
+  if (d.nvlink_links > 0) {
+    t.intra_hw = nccl_hw::nvlink;
+    double bw = d.nvlink_links * nccl_nvlink_bandwidth_per_link[gen];
+    if (d.nvlink_bw > 0) bw = std::min(bw, d.nvlink_bw / 1e9);
+    t.intra_bw = bw * d.nccl_efficiency;
+    t.channels = d.nvlink_links;
+  } else {
+    t.intra_hw = nccl_hw::pci;
+    t.intra_bw = d.pci_bw / 1e9 * d.nccl_efficiency;
+    t.channels = 2;
+  }
+  t.net_bw = d.net_bw / 1e9 * d.nccl_efficiency;
+  // Across nodes every ring crosses each node boundary once per channel; with one NIC per GPU
+  // the node's channels share gpus_per_node NICs (Inductor: "bottlenecked by the slowest link").
+  const int ppn = std::min(nranks, ppn_max);
+  t.bus_bw = t.nnodes == 1 ? t.intra_bw : std::min(t.intra_bw, t.net_bw * ppn);
+  return t;
+}
+
+/// NCCL's (latency us, algorithm bandwidth GB/s) of `coll` with `algo`/`proto` on topology `t`
+/// (ncclTopoTuneModel); bandwidth 0 when NCCL would not use the pair.
+inline std::pair<double, double> nccl_lat_bw(const device_spec& d, const nccl_topology& t, nccl_coll coll,
+                                             nccl_algo algo, nccl_proto proto) {
+  const auto a = static_cast<std::size_t>(algo);
+  const auto p = static_cast<std::size_t>(proto);
+  const auto gen = static_cast<std::size_t>(d.generation);
+  const int n = t.nranks, nodes = t.nnodes;
+  const std::size_t node_class = nodes <= 2 ? static_cast<std::size_t>(nodes - 1) : 2;
+  // LL's cap: by GPU generation on one node, by CPU vendor across nodes (we assume Intel: row 0).
+  const double ll_max = ll_max_bandwidth[nodes == 1 ? gen : 0][node_class];
+  const double ppn = double(n) / nodes;
+
+  if (algo == nccl_algo::tree && coll != nccl_coll::all_reduce) return {0, 0};  // ring only
+  // LL128: NCCL enables it by default on NVLink (typeIntra <= PATH_NVB) for sm70 and newer.
+  if (proto == nccl_proto::ll128 && t.intra_hw != nccl_hw::nvlink) return {0, 0};
+
+  const int nsteps = coll == nccl_coll::all_reduce ? 2 * (n - 1)
+                     : (coll == nccl_coll::all_gather || coll == nccl_coll::reduce_scatter) ? n - 1
+                                                                                            : n;
+  double bus = t.bus_bw;
+  const double ch = t.channels;
+  if (algo == nccl_algo::ring && proto == nccl_proto::ll) bus = std::min(ll_max, bus * 0.5);
+  if (algo == nccl_algo::ring && proto == nccl_proto::ll128)
+    bus = std::min(bus * 0.92, ch * per_channel_max_ring_ll128_bandwidth[gen][node_class]);
+  if (algo == nccl_algo::tree) bus = std::min(bus * 0.92, ch * per_channel_max_tree_bandwidth[gen][node_class]);
+  if (algo == nccl_algo::tree && proto == nccl_proto::ll) bus = std::min(bus / 3.8, ll_max);
+  if (algo == nccl_algo::tree && proto == nccl_proto::ll128)
+    bus = std::min(bus * (nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0),
+                   ch * per_channel_max_tree_ll128_bandwidth[gen][node_class]);
+  // Bus bandwidth to algorithm bandwidth.
+  const double bw = bus * (algo == nccl_algo::ring ? double(n) / nsteps : 0.5);
+
+  double lat = nccl_base_latency[a][p];
+  double intra_lat = nccl_hw_latency[static_cast<std::size_t>(t.intra_hw)][a][p];
+  // "With ppn=1 latencies are fully exposed, use the Tree network latency".
+  const double inter_lat =
+      nccl_hw_latency[static_cast<std::size_t>(nccl_hw::net)][ppn == 1 ? 0 : a][p];
+  if (algo == nccl_algo::ring) {
+    if (coll == nccl_coll::broadcast) {
+      // Broadcast is a pipelined chain: NCCL's per-step latency for rings that do not share
+      // channels (Simple takes the tree figure "waiting for proper chunk modeling").
+      const nccl_hw hw = nodes == 1 ? t.intra_hw : nccl_hw::net;
+      const std::size_t la = proto == nccl_proto::simple ? 0 : a;
+      lat += nsteps * nccl_hw_latency[static_cast<std::size_t>(hw)][la][p];
+    } else {
+      // Inter-node rings pay the network post overhead on every step (getNetOverhead: 1 us on
+      // Intel, x3 for Simple).
+      const double net_overhead = nodes > 1 ? (proto == nccl_proto::simple ? 3.0 : 1.0) : 0.0;
+      intra_lat = std::max(intra_lat, net_overhead);
+      const int inter_steps = nodes == 1 ? 0 : coll == nccl_coll::all_reduce ? 2 * (nodes - 1) : nodes - 1;
+      lat += (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat;
+    }
+  } else {
+    lat += 2 * ((n / nodes - 1) * intra_lat + log2i(nodes) * inter_lat);
+  }
+  return {lat, bw};
+}
+
+/// NCCL's time for one (algo, proto) pair (ncclTopoGetAlgoTime), us without launch; negative
+/// when the pair is not used.
+inline double nccl_algo_time(const device_spec& d, const nccl_topology& t, nccl_coll coll, nccl_algo algo,
+                             nccl_proto proto, double bytes) {
+  auto [lat, bw] = nccl_lat_bw(d, t, coll, algo, proto);
+  if (bw <= 0) return -1;
+  const int log_size = log2i(static_cast<std::int64_t>(bytes) >> 6);
+  if (algo == nccl_algo::tree && coll == nccl_coll::all_reduce && log_size >= 0 &&
+      log_size < static_cast<int>(nccl_num_tree_corrections))
+    bw *= nccl_tree_correction[static_cast<std::size_t>(proto)][static_cast<std::size_t>(log_size)];
+  if (algo == nccl_algo::ring && proto == nccl_proto::simple && t.nnodes > 1 && coll == nccl_coll::all_reduce &&
+      bytes / (double(t.channels) * t.nranks) >= 64)
+    lat *= d.generation < gpu_generation::ampere ? 1.9 : 1.4;  // "plateau effect of ring"
+  return lat + bytes / (1000.0 * bw);
+}
+
+/// Bytes of one tensor.
+inline double bytes_of(const tensor_meta& m) {
+  return double(numel_of(m.shape)) * double(element_size(m.dtype));
+}
+
+/// Number of op applications in a pointwise node's expression text ("mul(relu(%0), 2.)" has
+/// 2): every name directly followed by '('.
+inline std::size_t expr_op_count(std::string_view expr) {
+  std::size_t n = 0;
+  for (std::size_t i = 1; i < expr.size(); ++i) {
+    const char c = expr[i - 1];
+    if (expr[i] == '(' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
+      ++n;
+  }
+  return n;
+}
+
+}  // namespace detail
+
+/// Predicts node run times in microseconds for a scheduler: NCCL's analytical model for
+/// collectives (or the threads backend's), a roofline for compute, and measured points from a
+/// calibration table wherever it has them.
+struct cost_model {
+  /// The device every rank runs on.
+  device_spec device = device_spec::h100();
+  /// Measured collective times; they replace the analytical model for the ops and group sizes
+  /// they cover.
+  ccgraph::calibration measured;
+  /// f32 matmuls run on TF32 tensor cores (PyTorch's allow_tf32); off by default, as in PyTorch.
+  bool allow_tf32 = false;
+
+  cost_model() = default;
+  /// A model of `d`, with measured points `c`.
+  explicit cost_model(device_spec d, ccgraph::calibration c = {}) : device(std::move(d)), measured(std::move(c)) {}
+
+  /// NCCL's choice of algorithm and protocol for `coll` moving `bytes` on `nranks`, and its
+  /// time: `bytes` as NCCL counts them (all_reduce, broadcast: the buffer; all_gather: the
+  /// output; reduce_scatter: the input; all_to_all: one rank's send buffer). Tree only for
+  /// all_reduce, as NCCL. For the threads backend, the direct model (algo ring, proto simple).
+  nccl_estimate nccl_collective(nccl_coll coll, double bytes, int nranks) const {
+    nccl_estimate best;
+    if (nranks <= 1) {
+      best.us = device.launch_us;
+      return best;
+    }
+    if (device.backend == collective_backend::threads) {
+      best.us = threads_collective_us(coll, bytes, nranks);
+      return best;
+    }
+    const auto t = detail::nccl_topology_of(device, nranks);
+    if (coll == nccl_coll::all_to_all) {
+      // Grouped send/recv: one step to every peer at once. Bytes for peers on this node cross
+      // NVLink, for the others this GPU's NIC; latency of one Simple ring step.
+      const int ppn = std::min(nranks, std::max(1, device.gpus_per_node));
+      const double intra_bytes = bytes * (ppn - 1) / nranks;
+      const double inter_bytes = bytes * (nranks - ppn) / nranks;
+      const nccl_hw hw = t.nnodes == 1 ? t.intra_hw : nccl_hw::net;
+      const auto ring = static_cast<std::size_t>(nccl_algo::ring), simple = static_cast<std::size_t>(nccl_proto::simple);
+      const double lat = nccl_base_latency[ring][simple] + nccl_hw_latency[static_cast<std::size_t>(hw)][ring][simple];
+      double transfer = intra_bytes / (1000.0 * t.intra_bw);
+      if (inter_bytes > 0) transfer = std::max(transfer, inter_bytes / (1000.0 * t.net_bw));
+      best.us = device.launch_us + lat + transfer;
+      return best;
+    }
+    double best_time = std::numeric_limits<double>::infinity();
+    for (auto algo : {nccl_algo::tree, nccl_algo::ring})
+      for (auto proto : {nccl_proto::ll, nccl_proto::ll128, nccl_proto::simple}) {
+        const double time = detail::nccl_algo_time(device, t, coll, algo, proto, bytes);
+        if (time >= 0 && time < best_time) {
+          best_time = time;
+          best.algo = algo;
+          best.proto = proto;
+        }
+      }
+    best.us = device.launch_us + best_time;
+    return best;
+  }
+
+  /// Time of collective `op` on `inputs` (one rank's input metas) over `group_size` ranks: the
+  /// calibration's interpolation when it has points for the op (for a coalesced op, else for
+  /// its single-tensor op) at that group size, else the analytical model. Coalesced ops are one
+  /// launch moving the sum of their tensors.
+  double collective_us(const ops::collective_op& op, const std::vector<tensor_meta>& inputs, int group_size) const {
+    double bytes = 0;
+    for (auto& m : inputs) bytes += detail::bytes_of(m);
+    const std::string_view name = ops::name_of(op);
+    if (auto us = measured.interpolate(name, group_size, static_cast<std::int64_t>(bytes))) return *us;
+    const std::string_view base = base_name(name);
+    if (base != name)
+      if (auto us = measured.interpolate(base, group_size, static_cast<std::int64_t>(bytes))) return *us;
+    const double n = group_size;
+    return std::visit(
+        [&](const auto& o) {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>)
+            return nccl_collective(nccl_coll::all_reduce, bytes, group_size).us;
+          else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
+                             std::is_same_v<O, ops::all_gather_into_tensor_coalesced>)
+            return nccl_collective(nccl_coll::all_gather, bytes * n, group_size).us;
+          else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
+                             std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>)
+            return nccl_collective(nccl_coll::reduce_scatter, bytes, group_size).us;
+          else if constexpr (std::is_same_v<O, ops::broadcast>)
+            return nccl_collective(nccl_coll::broadcast, bytes, group_size).us;
+          else
+            return nccl_collective(nccl_coll::all_to_all, bytes, group_size).us;
+        },
+        op);
+  }
+
+  /// Roofline time of a compute node: max(FLOPs / peak, bytes / memory bandwidth) + launch.
+  /// matmul: 2MNK FLOPs at the dtype's matmul peak, operands and result as bytes; pointwise:
+  /// (output elements x ops in the fused expression) FLOPs at the f32 vector rate, inputs and
+  /// output as bytes; cat, repeat, copy, contiguous: bytes only (contiguous is costed as the
+  /// copy it is after a transpose: metas carry no strides). Views, waits, placeholders, output
+  /// and collectives: 0 (collectives are collective_us's).
+  double compute_us(const node& n) const {
+    return std::visit(
+        [&](const auto& o) -> double {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, ops::matmul>) {
+            const auto& a = arg_meta(n, 0);
+            const auto& b = arg_meta(n, 1);
+            const double flops = double(detail::matmul_flops(a.shape, b.shape));
+            const double bytes = detail::bytes_of(a) + detail::bytes_of(b) + detail::bytes_of(n.meta());
+            return roofline_us(flops, matmul_peak(a.dtype), bytes);
+          } else if constexpr (std::is_same_v<O, ops::pointwise>) {
+            double bytes = detail::bytes_of(n.meta());
+            for (std::size_t i = 0; i < n.args().size(); ++i) bytes += detail::bytes_of(arg_meta(n, i));
+            const double flops = double(numel_of(n.shape())) * double(std::max<std::size_t>(1, detail::expr_op_count(o.expr)));
+            return roofline_us(flops, device.flops_f32, bytes);
+          } else if constexpr (std::is_same_v<O, ops::cat> || std::is_same_v<O, ops::repeat> ||
+                               std::is_same_v<O, ops::contiguous>) {
+            double bytes = detail::bytes_of(n.meta());
+            for (std::size_t i = 0; i < n.args().size(); ++i) bytes += detail::bytes_of(arg_meta(n, i));
+            return roofline_us(0, 1, bytes);
+          } else if constexpr (std::is_same_v<O, ops::copy>) {
+            // Reads the source, writes the result; the destination is only overwritten.
+            return roofline_us(0, 1, detail::bytes_of(arg_meta(n, 1)) + detail::bytes_of(n.meta()));
+          } else {
+            return 0.0;  // placeholder, output, wait_tensor, views, collectives
+          }
+        },
+        n.kind());
+  }
+
+  /// Time of any node: collective_us over the node's group size and argument metas for
+  /// collectives, compute_us for the rest.
+  double estimate_us(const node& n) const {
+    if (auto c = n.collective()) {
+      CCGRAPH_CHECK(n.group().has_value(), "cost_model: collective node %", n.name(), " has no group");
+      std::vector<tensor_meta> in;
+      in.reserve(n.args().size());
+      for (auto& a : n.args()) in.push_back(a.src->meta(a.index));
+      return collective_us(*c, in, n.group()->size());
+    }
+    return compute_us(n);
+  }
+
+ private:
+  static const tensor_meta& arg_meta(const node& n, std::size_t i) {
+    CCGRAPH_CHECK(i < n.args().size(), "cost_model: node %", n.name(), " (", n.op(), ") has ", n.args().size(),
+                  " argument(s), not ", i + 1);
+    const auto& a = n.args()[i];
+    return a.src->meta(a.index);
+  }
+
+  static std::string_view base_name(std::string_view name) {
+    constexpr std::string_view suffix = "_coalesced";
+    if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix)
+      return name.substr(0, name.size() - suffix.size());
+    return name;
+  }
+
+  double matmul_peak(dtype dt) const {
+    switch (dt) {
+      case dtype::bf16:
+      case dtype::f16: return device.flops_bf16;
+      case dtype::f32: return allow_tf32 ? device.flops_tf32 : device.flops_f32;
+      case dtype::f64: return device.flops_f64;
+      default: return device.flops_f32;  // integer matmul runs on the vector units
+    }
+  }
+
+  double roofline_us(double flops, double peak, double bytes) const {
+    const double compute_s = peak > 0 ? flops / peak : 0;
+    const double memory_s = device.memory_bw > 0 ? bytes / device.memory_bw : 0;
+    return device.launch_us + 1e6 * std::max(compute_s, memory_s);
+  }
+
+  /// The threads backend (runtime/cpu_collectives.hpp): each member's worker reads every
+  /// member's buffer and writes its own, freshly allocated, output (the kernel zero-fills its
+  /// pages on first touch: one more write), all members at once through one memory system.
+  /// Bytes moved per member, S as nccl_collective counts them: all_reduce n reads + 2 writes of
+  /// S; all_gather (S = output), broadcast, all_to_all: 1 read + 2 writes of S; reduce_scatter
+  /// (S = input): S read, 2 writes of S / n.
+  double threads_collective_us(nccl_coll coll, double bytes, int nranks) const {
+    const double n = nranks;
+    double per_rank = 0;
+    switch (coll) {
+      case nccl_coll::all_reduce: per_rank = (n + 2) * bytes; break;
+      case nccl_coll::reduce_scatter: per_rank = bytes + 2 * bytes / n; break;
+      case nccl_coll::all_gather:
+      case nccl_coll::broadcast:
+      case nccl_coll::all_to_all: per_rank = 3 * bytes; break;
+    }
+    const double traffic_s = device.memory_bw > 0 ? n * per_rank / device.memory_bw : 0;
+    return device.launch_us + (n - 1) * device.rendezvous_us + 1e6 * traffic_s;
+  }
+};
+
+}  // namespace ccgraph

@@ -1,0 +1,281 @@
+// ccgraph/schedule/decompose.hpp: decompose_matmul_collectives, which splits a matmul feeding a
+// collective (or fed by one) into row chunks, so that chunk i's communication overlaps chunk
+// i+1's matmuls: XLA's collective-matmul decomposition and PyTorch's async-TP, as a graph pass.
+// Each output row is computed by exactly the same arithmetic as before (matmul rows and
+// pointwise elements are independent, collectives reduce element by element), so results are
+// bitwise unchanged. It decides from shapes and groups only, so every rank splits alike.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/ir/graph.hpp>
+
+namespace ccgraph {
+namespace detail {
+
+/// Row ranges [start, start + length) of a 2-d value, taken in this order: the rows of one chunk.
+using row_ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+
+/// torch.chunk's pieces of `rows` rows into at most `chunks` chunks: (start, length) each.
+inline row_ranges chunk_rows(std::int64_t rows, int chunks) {
+  row_ranges out;
+  const std::int64_t step = std::max<std::int64_t>(1, (rows + chunks - 1) / chunks);
+  for (std::int64_t s = 0; s < rows; s += step) out.emplace_back(s, std::min(step, rows - s));
+  return out;
+}
+
+/// For a node whose output row r is computed from row r of some arguments only (and from the
+/// whole of the others), which arguments carry rows; nullopt for any other node. Such nodes are
+/// a matmul of 2-d operands (the left one carries rows) and a pointwise node with a 2-d output
+/// of at least two rows (its 2-d arguments with as many rows; the others broadcast along rows,
+/// like a bias of shape [N] or [1, N], and stay whole).
+inline std::optional<std::vector<bool>> row_args(const node& v) {
+  if (v.num_outputs() != 1 || v.shape().size() != 2 || v.shape()[0] < 2) return std::nullopt;
+  const std::int64_t rows = v.shape()[0];
+  if (std::holds_alternative<ops::matmul>(v.kind())) {
+    if (v.args().size() != 2) return std::nullopt;
+    for (auto& a : v.args())
+      if (a.src->shape(a.index).size() != 2) return std::nullopt;
+    return std::vector<bool>{true, false};
+  }
+  if (std::holds_alternative<ops::pointwise>(v.kind())) {
+    std::vector<bool> r;
+    for (auto& a : v.args()) {
+      const shape_t& s = a.src->shape(a.index);
+      r.push_back(s.size() == 2 && s[0] == rows);
+    }
+    return r;
+  }
+  return std::nullopt;
+}
+
+/// The nodes to recompute per row chunk when `top`'s rows are split, in descending position:
+/// `top`, then, going up through row arguments, every row-wise node (see row_args) with the same
+/// rows all of whose readers are in the set and read it as a row argument. What is left out
+/// (a graph input, a node read elsewhere, a right matmul operand) is narrowed instead.
+inline std::vector<node*> row_region(const graph& g, node* top) {
+  std::vector<node*> region;
+  if (!row_args(*top)) return region;
+  std::unordered_set<const node*> in, whole;
+  std::priority_queue<std::pair<std::size_t, node*>> candidates;  // latest first
+  auto take = [&](node* u) {
+    region.push_back(u);
+    in.insert(u);
+    const std::vector<bool> rows = *row_args(*u);
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      node* a = u->args()[k].src;
+      if (rows[k]) candidates.emplace(g.position(a), a);
+      else whole.insert(a);
+    }
+  };
+  take(top);
+  const node* last = nullptr;
+  while (!candidates.empty()) {
+    node* v = candidates.top().second;
+    candidates.pop();
+    if (v == last) continue;
+    last = v;
+    // Every reader of v sits later, so it has been decided by now.
+    if (whole.count(v) || !row_args(*v) || v->shape()[0] != top->shape()[0]) continue;
+    bool only_region_reads = true;
+    for (const node* u : v->users()) only_region_reads = only_region_reads && in.count(u);
+    if (only_region_reads) take(v);
+  }
+  return region;
+}
+
+/// Builds one row chunk of a region: new nodes go one after another after `cursor`.
+struct row_chunk_builder {
+  graph& g;
+  node* cursor;
+  std::unordered_set<const node*> region;
+  row_ranges ranges;
+  std::string suffix;
+  std::unordered_map<const node*, value_ref> memo;
+
+  /// Adds a node after the previous one.
+  node* emit(node_op op, std::vector<value_ref> args, std::optional<group_info> grp, const std::string& hint) {
+    cursor = g.insert_after(cursor, std::move(op), std::move(args), std::move(grp), hint);
+    return cursor;
+  }
+
+  /// Starts the next chunk: its rows and the suffix of its node names.
+  void start(row_ranges r, int chunk) {
+    ranges = std::move(r);
+    suffix = "_c" + std::to_string(chunk);
+    memo.clear();
+  }
+
+  /// The chunk's rows of `a`: recomputed when `a` is in the region, else narrowed (and the
+  /// pieces concatenated when the chunk's rows are not contiguous).
+  value_ref rows_of(value_ref a) {
+    if (auto it = memo.find(a.src); it != memo.end()) return it->second;
+    value_ref out;
+    if (region.count(a.src)) {
+      const node* v = a.src;
+      const std::vector<bool> rows = *row_args(*v);
+      std::vector<value_ref> args;
+      for (std::size_t k = 0; k < rows.size(); ++k)
+        args.push_back(rows[k] ? rows_of(v->args()[k]) : v->args()[k]);
+      out = {emit(v->kind(), std::move(args), std::nullopt, v->name() + suffix), 0};
+    } else {
+      std::vector<value_ref> parts;
+      for (auto [s, l] : ranges)
+        parts.push_back({emit(ops::narrow{0, s, l}, {a}, std::nullopt, a.src->name() + suffix), 0});
+      out = parts.size() == 1 ? parts[0] : value_ref{emit(ops::cat{0}, parts, std::nullopt, "cat" + suffix), 0};
+    }
+    memo.emplace(a.src, out);
+    return out;
+  }
+};
+
+/// y = row-wise chain ending in a matmul -> all_reduce(y) or reduce_scatter_tensor(y) -> wait:
+/// per chunk, the chain on the chunk's rows and the collective on the result, then the waits
+/// and a cat where the wait was. For reduce_scatter over n ranks, chunk i takes sub-rows i of
+/// each rank's block of y, so that it scatters to every rank its own rows i.
+inline bool decompose_rows_then_collective(graph& g, node* c, int chunks) {
+  if (c->args().size() != 1 || c->users().size() != 1 || !c->users().front()->is_wait()) return false;
+  node* w = c->users().front();
+  node* y = c->args().front().src;
+  if (y->users().size() != 1 || !row_args(*y)) return false;
+  const std::int64_t blocks = std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()) ? c->group()->size() : 1;
+  const std::int64_t rows = y->shape()[0] / blocks;
+  if (rows < chunks) return false;
+  const std::vector<node*> region = row_region(g, y);
+  bool has_matmul = false;
+  for (node* v : region) has_matmul = has_matmul || std::holds_alternative<ops::matmul>(v->kind());
+  if (!has_matmul) return false;
+
+  row_chunk_builder b{g, c, {region.begin(), region.end()}, {}, {}, {}};
+  std::vector<node*> pieces;
+  const row_ranges split = chunk_rows(rows, chunks);
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    row_ranges r;
+    for (std::int64_t blk = 0; blk < blocks; ++blk) r.emplace_back(blk * rows + split[i].first, split[i].second);
+    b.start(std::move(r), static_cast<int>(i));
+    const value_ref yi = b.rows_of({y, 0});
+    pieces.push_back(b.emit(c->kind(), {yi}, c->group(), std::string(c->op())));
+  }
+  b.cursor = w;
+  std::vector<value_ref> waited;
+  for (node* p : pieces) waited.push_back({b.emit(ops::wait_tensor{}, {{p, 0}}, std::nullopt, "wait_tensor"), 0});
+  node* joined = b.emit(ops::cat{0}, std::move(waited), std::nullopt, "cat");
+  g.replace_all_uses({w, 0}, {joined, 0});
+  g.erase(w);
+  g.erase(c);
+  for (node* v : region) g.erase(v);  // descending position: readers first
+  return true;
+}
+
+/// all_gather_into_tensor(x) -> wait -> matmul (-> further row-wise nodes, each the only reader
+/// of the previous one): per chunk of x's rows, its all_gather where the all_gather was, then
+/// at the chain's end its wait and the chain; the chunks' rows are put back in the gathered
+/// order (rank-major: rank r's rows of chunk 0, of chunk 1, ...) with narrow and one cat.
+inline bool decompose_gather_then_rows(graph& g, node* ag, int chunks) {
+  if (ag->args().size() != 1 || ag->users().size() != 1 || !ag->users().front()->is_wait()) return false;
+  node* w = ag->users().front();
+  if (w->users().size() != 1) return false;
+  node* mm = w->users().front();
+  if (!std::holds_alternative<ops::matmul>(mm->kind()) || !row_args(*mm) ||
+      !(mm->args()[0] == value_ref{w, 0}) || mm->args()[1].src == w)
+    return false;
+  const value_ref x = ag->args().front();
+  const std::int64_t ranks = ag->group()->size();
+  const std::int64_t rows = x.src->shape(x.index)[0];
+  if (rows < chunks) return false;
+  // Extend the chain through row-wise nodes that only the chain reads.
+  std::vector<node*> chain{mm};
+  for (node* tail = mm; tail->users().size() == 1;) {
+    node* u = tail->users().front();
+    const auto r = row_args(*u);
+    if (!r || u->shape()[0] != mm->shape()[0]) break;
+    bool ok = true;
+    for (std::size_t k = 0; k < r->size(); ++k) ok = ok && ((*r)[k] == (u->args()[k].src == tail));
+    if (!ok) break;
+    chain.push_back(u);
+    tail = u;
+  }
+  node* tail = chain.back();
+
+  row_chunk_builder b{g, ag, {}, {}, {}, {}};
+  const row_ranges split = chunk_rows(rows, chunks);
+  std::vector<node*> gathers;
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    b.start({split[i]}, static_cast<int>(i));
+    const value_ref xi = b.rows_of(x);
+    gathers.push_back(b.emit(ag->kind(), {xi}, ag->group(), std::string(ag->op())));
+  }
+  b.cursor = tail;
+  std::vector<node*> results;
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    const std::string suffix = "_c" + std::to_string(i);
+    node* prev_old = w;
+    node* prev_new = b.emit(ops::wait_tensor{}, {{gathers[i], 0}}, std::nullopt, "wait_tensor");
+    for (node* v : chain) {
+      std::vector<value_ref> args = v->args();
+      for (auto& a : args)
+        if (a.src == prev_old) a = {prev_new, 0};
+      prev_new = b.emit(v->kind(), std::move(args), std::nullopt, v->name() + suffix);
+      prev_old = v;
+    }
+    results.push_back(prev_new);
+  }
+  std::vector<value_ref> parts;
+  for (std::int64_t r = 0; r < ranks; ++r)
+    for (std::size_t i = 0; i < split.size(); ++i) {
+      const std::int64_t len = split[i].second;
+      parts.push_back({b.emit(ops::narrow{0, r * len, len}, {{results[i], 0}}, std::nullopt,
+                              results[i]->name() + "_r" + std::to_string(r)),
+                       0});
+    }
+  node* joined = b.emit(ops::cat{0}, std::move(parts), std::nullopt, "cat");
+  g.replace_all_uses({tail, 0}, {joined, 0});
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) g.erase(*it);
+  g.erase(w);
+  g.erase(ag);
+  return true;
+}
+
+}  // namespace detail
+
+/// Splits matmuls next to collectives into `chunks` row chunks (torch.chunk's sizes; fewer when
+/// the rows do not allow more; nothing when there are fewer rows than chunks or chunks < 2), so
+/// that one chunk's collective runs while the next chunk computes. Three patterns:
+///  - y = matmul(..) -> all_reduce(y): the row split is pushed up through every row-wise node
+///    only this chain reads (a matmul's left operand, pointwise nodes; right operands and
+///    inputs broadcast along rows stay whole), so the TP MLP `x @ w1 -> gelu -> @ w2 ->
+///    all_reduce` becomes `chunks` independent row pipelines, each ending in its all_reduce;
+///    the waits and a cat of their results take the old wait's place.
+///  - the same ending in reduce_scatter_tensor (dim 0 over n ranks): chunk i computes rows i
+///    of every rank's block, so each rank still receives exactly its rows.
+///  - all_gather_into_tensor(x) -> wait -> matmul (-> row-wise nodes only the chain reads): x's
+///    rows are chunked, each chunk gathered (where the gather was) and run through the chain
+///    (where the chain ended), and the rows put back in the gathered, rank-major order.
+/// Collectives keep their relative order (a split collective becomes a run of collectives in its
+/// place), and results are bitwise unchanged.
+inline void decompose_matmul_collectives(graph& g, int chunks) {
+  if (chunks < 2) return;
+  std::vector<node*> collectives;
+  for (node* n : g.nodes())
+    if (n->is_collective()) collectives.push_back(n);
+  for (node* c : collectives) {
+    if (std::holds_alternative<ops::all_reduce>(c->kind()) ||
+        std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()))
+      detail::decompose_rows_then_collective(g, c, chunks);
+    else if (std::holds_alternative<ops::all_gather_into_tensor>(c->kind()))
+      detail::decompose_gather_then_rows(g, c, chunks);
+  }
+}
+
+}  // namespace ccgraph

@@ -1,0 +1,652 @@
+// ccgraph/schedule/memory_plan.hpp: the memory planner. Over a graph's current (scheduled) order
+// it computes when each intermediate value is live, lets an all_reduce reduce in place into an
+// input that dies there (Inductor's "steal"), and packs every buffer into one arena so that no two
+// values live at the same time share a byte. The executor runs a graph over this plan.
+//
+// What needs a buffer: every output of a compute node (matmul, pointwise, cat, repeat, copy; a
+// reshape or contiguous that has to copy) and of a collective. What does not: graph inputs (the
+// caller's), views and waits (they alias their input and extend its lifetime to their own last
+// use), and whatever derives from a graph input without a copy the plan can foresee.
+//
+// Lifetimes are closed intervals of positions in the order. A collective reads its inputs and
+// writes its outputs on the communication worker until its wait, so its inputs live until its
+// last wait and its outputs from the collective on; an output returned un-waited (and the
+// inputs of its collective) lives to the end of the graph.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ir/print.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+
+namespace ccgraph {
+
+/// How cg::plan_memory plans.
+struct memory_plan_options {
+  /// Every buffer starts at a multiple of this many bytes (and is rounded up to it); a power of
+  /// two that is at least the largest element size.
+  std::int64_t alignment = 64;
+  /// Let an all_reduce write its result into an input that nothing reads afterwards.
+  bool steal = true;
+};
+
+/// A value written into a planned buffer: output `index` of the node at `position` in the
+/// order the plan was made for (`name` is its printed form, "%add" or "%arc.1").
+struct planned_value {
+  std::size_t position = 0;
+  int index = 0;
+  std::string name;
+};
+
+/// One block of the arena: the bytes [offset, offset + bytes) during positions [first, last].
+/// `values[0]` is the value that allocates it; any later entries are all_reduce outputs reduced
+/// in place into it, each stealing it from the entry before.
+struct planned_buffer {
+  std::int64_t bytes = 0;   // rounded up to the alignment
+  std::int64_t offset = 0;  // from the start of the arena
+  std::size_t first = 0;    // the position that writes it first
+  std::size_t last = 0;     // the last position that reads it (inclusive)
+  std::vector<planned_value> values;
+  bool is_output = false;   // a graph output aliases it (it outlives the run)
+};
+
+/// Where every intermediate value of a graph lives: an arena of `arena_bytes` bytes, and for
+/// each value that needs memory the buffer (offset and lifetime) it is written into.
+struct memory_plan {
+  /// The alignment the plan was made with.
+  std::int64_t alignment = 64;
+  /// The buffers, in the order of the positions that first write them.
+  std::vector<planned_buffer> buffers;
+  /// For each node position and output: the buffer it is written into, or -1 (graph inputs,
+  /// views, waits, values derived from graph inputs, nodes without outputs).
+  std::vector<std::vector<int>> buffer_of;
+  /// Size of the arena: the planned peak.
+  std::int64_t arena_bytes = 0;
+  /// Largest sum of the sizes of the buffers live at one position: a lower bound of
+  /// arena_bytes (equal when packing wastes nothing).
+  std::int64_t live_peak_bytes = 0;
+  /// The peak without the plan: each value its own allocation (no steals), freed after its last
+  /// use (the same lifetimes); the largest sum of live value sizes at one position. It is at
+  /// least live_peak_bytes, so arena_bytes stays at or below it whenever the packer reaches
+  /// live_peak_bytes, which it does on every graph the tests generate (optimal packing is
+  /// NP-hard, so this is what the packer aims for, not a theorem).
+  std::int64_t unplanned_peak_bytes = 0;
+  /// Sum of the sizes of every value that needs memory: the footprint with no reuse at all.
+  std::int64_t total_bytes = 0;
+  /// Number of nodes of the graph the plan was made for.
+  std::size_t num_nodes = 0;
+
+  /// The buffer output `index` of the node at `position` is written into, or null.
+  const planned_buffer* buffer_at(std::size_t position, int index = 0) const {
+    if (position >= buffer_of.size() || index < 0 || static_cast<std::size_t>(index) >= buffer_of[position].size())
+      return nullptr;
+    const int b = buffer_of[position][static_cast<std::size_t>(index)];
+    return b < 0 ? nullptr : &buffers[static_cast<std::size_t>(b)];
+  }
+  /// True when output `index` of the node at `position` is an all_reduce result reduced in place
+  /// into its input's buffer.
+  bool is_stolen(std::size_t position, int index = 0) const {
+    const planned_buffer* b = buffer_at(position, index);
+    return b && (b->values.front().position != position || b->values.front().index != index);
+  }
+  /// Number of all_reduce outputs reduced in place.
+  std::size_t num_steals() const {
+    std::size_t s = 0;
+    for (auto& b : buffers) s += b.values.size() - 1;
+    return s;
+  }
+
+  /// Verifies the plan against `g` (the graph, in the order the plan was made for): every value
+  /// that needs memory has a buffer large enough; each buffer's interval covers the lifetime of
+  /// the values in it (uses through views and waits, collectives until their waits, graph
+  /// outputs to the end); a value reduced in place is read by nothing but its all_reduce after
+  /// that all_reduce is issued and is not a graph output; and no two buffers live at the same
+  /// position share a byte. Returns false, with the reason in `*why`, if anything fails.
+  bool check(const graph& g, std::string* why = nullptr) const;
+};
+
+namespace detail {
+
+/// The positions of every node reading output `index` of `n`.
+inline std::vector<const node*> readers_of(const node* n, int index) {
+  std::vector<const node*> r;
+  for (const node* u : n->users())
+    for (auto& a : u->args())
+      if (a.src == n && a.index == index) {
+        r.push_back(u);
+        break;
+      }
+  return r;
+}
+
+/// Liveness facts of a graph in its current order, shared by the planner and the checker.
+struct liveness_info {
+  const graph& g;
+  std::size_t end = 0;  // the last position (the output node's)
+
+  explicit liveness_info(const graph& gr) : g(gr), end(gr.size() ? gr.size() - 1 : 0) {}
+
+  /// Until when a node reading a value may still read it: its own position; for a collective,
+  /// its last wait (the worker reads asynchronously), or the end when an output is not waited
+  /// inside the graph; for the output node, the end (and past the run).
+  std::size_t read_end(const node* r) const {
+    if (std::holds_alternative<ops::output>(r->kind())) return end;
+    std::size_t e = g.position(r);
+    if (!r->is_collective()) return e;
+    for (int k = 0; k < r->num_outputs(); ++k) {
+      const auto rs = readers_of(r, k);
+      if (rs.empty()) return end;
+      for (const node* w : rs) {
+        if (!w->is_wait()) return end;
+        e = std::max(e, g.position(w));
+      }
+    }
+    return e;
+  }
+};
+
+inline std::int64_t align_up(std::int64_t v, std::int64_t a) { return (v + a - 1) / a * a; }
+
+inline std::int64_t value_bytes(const tensor_meta& m) {
+  return numel_of(m.shape) * static_cast<std::int64_t>(element_size(m.dtype));
+}
+
+/// The layout of a value inside its buffer, in elements: what decides whether a reshape or a
+/// contiguous copies. A storage-less tensor carries it through the tensor's own view methods.
+using layout = tensor<float>;
+
+inline layout contiguous_layout(const shape_t& s) { return layout(nullptr, s, contiguous_strides(s), 0); }
+
+/// The layout of view node `n` applied to `in`.
+inline layout view_layout(const node& n, const layout& in) {
+  return std::visit(
+      [&](const auto& o) -> layout {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, ops::reshape>) return in.reshape(n.shape());
+        else if constexpr (std::is_same_v<O, ops::narrow>) return in.narrow(o.dim, o.start, o.length);
+        else if constexpr (std::is_same_v<O, ops::transpose>) return in.transpose(o.dim0, o.dim1);
+        else if constexpr (std::is_same_v<O, ops::permute>) return in.permute(o.dims);
+        else if constexpr (std::is_same_v<O, ops::select>) return in.select(o.dim, o.index);
+        else if constexpr (std::is_same_v<O, ops::unsqueeze>) return in.unsqueeze(o.dim);
+        else return in;
+      },
+      n.kind());
+}
+
+/// How a node's outputs relate to memory.
+enum class value_kind {
+  external,  // a graph input, or derived from one without a foreseeable copy: never written
+  alias,     // a view or wait of its first argument
+  produced,  // written into a buffer of its own (or, for a stolen all_reduce output, its input's)
+};
+
+/// True for a reshape or contiguous node whose input layout forces a copy; only meaningful
+/// when the input lives in a planned buffer (its layout is then known).
+inline bool copies(const node& n, const layout& in) {
+  const bool is_reshape = std::holds_alternative<ops::reshape>(n.kind());
+  const bool is_contig = std::holds_alternative<ops::contiguous>(n.kind());
+  return (is_reshape || is_contig) && !in.is_contiguous();
+}
+
+/// A buffer to pack: its size and its live interval.
+struct pack_item {
+  std::int64_t bytes;
+  std::size_t first, last;
+};
+
+/// Packs `items` into an arena: in `order`, each at the lowest offset (first fit) or in the
+/// tightest gap (best fit) where it overlaps no placed item live at the same time. Returns the
+/// offsets and the arena size.
+inline std::pair<std::vector<std::int64_t>, std::int64_t> pack(const std::vector<pack_item>& items,
+                                                               const std::vector<std::size_t>& order,
+                                                               bool best_fit, std::int64_t alignment) {
+  std::vector<std::int64_t> off(items.size(), 0);
+  std::vector<std::size_t> done;
+  std::int64_t arena = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> taken;
+  for (std::size_t i : order) {
+    const pack_item& it = items[i];
+    if (it.bytes == 0) continue;
+    taken.clear();
+    for (std::size_t j : done) {
+      const pack_item& o = items[j];
+      if (o.first <= it.last && it.first <= o.last) taken.emplace_back(off[j], off[j] + o.bytes);
+    }
+    std::sort(taken.begin(), taken.end());
+    std::int64_t cur = 0, best = -1, best_gap = std::numeric_limits<std::int64_t>::max();
+    for (auto& [lo, hi] : taken) {
+      if (lo > cur) {
+        const std::int64_t gap = lo - cur;
+        if (gap >= it.bytes && gap < best_gap) {
+          best = cur;
+          best_gap = gap;
+          if (!best_fit) break;
+        }
+      }
+      cur = std::max(cur, hi);
+    }
+    off[i] = best >= 0 ? best : align_up(cur, alignment);
+    arena = std::max(arena, off[i] + it.bytes);
+    done.push_back(i);
+  }
+  return {std::move(off), arena};
+}
+
+/// TensorFlow Lite's "greedy by breadth" order: positions by decreasing load, and at each the
+/// items live there not yet ordered, largest first.
+inline std::vector<std::size_t> breadth_order(const std::vector<pack_item>& items, std::size_t positions) {
+  std::vector<std::int64_t> load(positions, 0);
+  std::vector<std::vector<std::size_t>> live(positions);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    for (std::size_t t = items[i].first; t <= items[i].last && t < positions; ++t) {
+      load[t] += items[i].bytes;
+      live[t].push_back(i);
+    }
+  std::vector<std::size_t> pos(positions);
+  for (std::size_t t = 0; t < positions; ++t) pos[t] = t;
+  std::stable_sort(pos.begin(), pos.end(), [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
+  std::vector<std::size_t> order;
+  std::vector<bool> seen(items.size(), false);
+  for (std::size_t t : pos) {
+    std::vector<std::size_t> here;
+    for (std::size_t i : live[t])
+      if (!seen[i]) here.push_back(i);
+    std::stable_sort(here.begin(), here.end(),
+                     [&](std::size_t a, std::size_t b) { return items[a].bytes > items[b].bytes; });
+    for (std::size_t i : here) {
+      seen[i] = true;
+      order.push_back(i);
+    }
+  }
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (!seen[i]) order.push_back(i);
+  return order;
+}
+
+/// The largest sum of the sizes of items live at one position.
+inline std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t positions) {
+  std::vector<std::int64_t> delta(positions + 1, 0);
+  for (auto& it : items) {
+    delta[it.first] += it.bytes;
+    delta[it.last + 1] -= it.bytes;
+  }
+  std::int64_t cur = 0, peak = 0;
+  for (std::size_t t = 0; t < positions; ++t) peak = std::max(peak, cur += delta[t]);
+  return peak;
+}
+
+}  // namespace detail
+
+/// Plans the memory of `g` in its current order (run it after the scheduling passes). Values
+/// that need memory get buffers; an all_reduce (or each output of an all_reduce_coalesced)
+/// whose input is an intermediate (not a graph input, not derived from one), read by nothing
+/// else once the all_reduce is issued, read by the all_reduce once, laid out as its whole
+/// buffer and not a graph output, reduces in place into that buffer. Graph inputs and values
+/// still read elsewhere are never written. Buffers are packed into one arena, trying several
+/// orders (largest first, earliest first, longest-lived first, largest area, TFLite's greedy by
+/// breadth; best and first fit, then seeded random orders while above live_peak_bytes) and
+/// keeping the smallest arena.
+inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = {}) {
+  CCGRAPH_CHECK(opt.alignment >= 8 && (opt.alignment & (opt.alignment - 1)) == 0,
+                "plan_memory: alignment must be a power of two of at least 8, got ", opt.alignment);
+  const auto& nodes = g.nodes();
+  const std::size_t n = nodes.size();
+  detail::liveness_info live(g);
+  memory_plan plan;
+  plan.alignment = opt.alignment;
+  plan.num_nodes = n;
+  plan.buffer_of.resize(n);
+
+  // Per value: its producer (the value that allocated its bytes, -1 external) and its layout
+  // in the producer's buffer. Per producer: its aliases; per buffer: its producers.
+  struct producer {
+    planned_value value;
+    tensor_meta meta;
+    int buffer = -1;
+    std::vector<value_ref> aliases;
+  };
+  std::vector<producer> producers;
+  std::vector<std::vector<int>> producer_of(n);
+  std::vector<std::vector<detail::layout>> layout_of(n);
+  std::vector<std::vector<int>> buffer_producers;
+
+  auto new_producer = [&](const node* nd, std::size_t p, int k, int buffer) {
+    const int id = static_cast<int>(producers.size());
+    producers.push_back({{p, k, detail::ref_str({const_cast<node*>(nd), k})}, nd->meta(k), buffer, {}});
+    if (buffer < 0) {
+      buffer = static_cast<int>(buffer_producers.size());
+      buffer_producers.emplace_back();
+      producers.back().buffer = buffer;
+    }
+    buffer_producers[static_cast<std::size_t>(buffer)].push_back(id);
+    producer_of[p][static_cast<std::size_t>(k)] = id;
+    layout_of[p][static_cast<std::size_t>(k)] = detail::contiguous_layout(nd->shape(k));
+    producers[static_cast<std::size_t>(id)].aliases.push_back({const_cast<node*>(nd), k});
+    return id;
+  };
+  auto buffer_aliases = [&](int buffer) {
+    std::vector<value_ref> v;
+    for (int id : buffer_producers[static_cast<std::size_t>(buffer)])
+      v.insert(v.end(), producers[static_cast<std::size_t>(id)].aliases.begin(),
+               producers[static_cast<std::size_t>(id)].aliases.end());
+    return v;
+  };
+
+  for (std::size_t p = 0; p < n; ++p) {
+    const node* nd = nodes[p];
+    const auto outs = static_cast<std::size_t>(nd->num_outputs());
+    producer_of[p].assign(outs, -1);
+    plan.buffer_of[p].assign(outs, -1);
+    layout_of[p].assign(outs, detail::layout(nullptr, {0}, {1}, 0));
+    if (std::holds_alternative<ops::placeholder>(nd->kind()) || outs == 0) continue;
+    if (nd->is_wait() || nd->is_view() || std::holds_alternative<ops::contiguous>(nd->kind())) {
+      const value_ref in = nd->args().at(0);
+      const std::size_t q = g.position(in.src);
+      const int src = producer_of[q][static_cast<std::size_t>(in.index)];
+      if (src < 0) continue;  // derived from a graph input: the caller's memory, never planned
+      const detail::layout& l = layout_of[q][static_cast<std::size_t>(in.index)];
+      if (!nd->is_wait() && detail::copies(*nd, l)) {
+        new_producer(nd, p, 0, -1);
+        continue;
+      }
+      producer_of[p][0] = src;
+      layout_of[p][0] = nd->is_wait() ? l : detail::view_layout(*nd, l);
+      producers[static_cast<std::size_t>(src)].aliases.push_back({const_cast<node*>(nd), 0});
+      continue;
+    }
+    const bool reduces = std::holds_alternative<ops::all_reduce>(nd->kind()) ||
+                         std::holds_alternative<ops::all_reduce_coalesced>(nd->kind());
+    for (std::size_t k = 0; k < outs; ++k) {
+      int steal_from = -1;
+      if (opt.steal && reduces) {
+        const value_ref in = nd->args().at(k);
+        const std::size_t q = g.position(in.src);
+        const int src = producer_of[q][static_cast<std::size_t>(in.index)];
+        const detail::layout& l = layout_of[q][static_cast<std::size_t>(in.index)];
+        if (src >= 0 && l.is_contiguous() && l.storage_offset() == 0 &&
+            numel_of(l.shape()) == numel_of(producers[static_cast<std::size_t>(src)].meta.shape) &&
+            producers[static_cast<std::size_t>(src)].meta.dtype == nd->dtype(static_cast<int>(k))) {
+          const int buffer = producers[static_cast<std::size_t>(src)].buffer;
+          bool ok = true;
+          int reads_by_me = 0;
+          for (auto& a : nd->args()) {
+            const int s = producer_of[g.position(a.src)][static_cast<std::size_t>(a.index)];
+            if (s >= 0 && producers[static_cast<std::size_t>(s)].buffer == buffer) ++reads_by_me;
+          }
+          ok = reads_by_me == 1;
+          for (const value_ref& v : ok ? buffer_aliases(buffer) : std::vector<value_ref>{})
+            for (const node* r : detail::readers_of(v.src, v.index))
+              if (r != nd && live.read_end(r) >= p) ok = false;
+          if (ok) steal_from = buffer;
+        }
+      }
+      new_producer(nd, p, static_cast<int>(k), steal_from);
+    }
+  }
+
+  // Lifetimes: of each producer (the unplanned model), and of each buffer (the union of its
+  // producers', which a steal makes contiguous in time).
+  std::vector<detail::pack_item> naive;
+  for (auto& pr : producers) {
+    std::size_t last = pr.value.position;
+    bool out = false;
+    for (const value_ref& v : pr.aliases)
+      for (const node* r : detail::readers_of(v.src, v.index)) {
+        last = std::max(last, live.read_end(r));
+        out = out || std::holds_alternative<ops::output>(r->kind());
+      }
+    const std::int64_t bytes = detail::align_up(detail::value_bytes(pr.meta), opt.alignment);
+    naive.push_back({bytes, pr.value.position, last});
+    plan.total_bytes += bytes;
+    if (pr.buffer >= static_cast<int>(plan.buffers.size())) plan.buffers.resize(static_cast<std::size_t>(pr.buffer) + 1);
+    planned_buffer& b = plan.buffers[static_cast<std::size_t>(pr.buffer)];
+    if (b.values.empty()) {
+      b.first = pr.value.position;
+      b.last = last;
+      b.bytes = bytes;
+    }
+    b.last = std::max(b.last, last);
+    b.is_output = b.is_output || out;
+    b.values.push_back(pr.value);
+    plan.buffer_of[pr.value.position][static_cast<std::size_t>(pr.value.index)] = pr.buffer;
+  }
+
+  std::vector<detail::pack_item> items;
+  for (auto& b : plan.buffers) items.push_back({b.bytes, b.first, b.last});
+  plan.unplanned_peak_bytes = detail::peak_load(naive, n);
+  plan.live_peak_bytes = detail::peak_load(items, n);
+
+  // Pack with several orders; keep the smallest arena (the first on ties: deterministic).
+  // Packing is NP-hard (dynamic storage allocation) and live_peak_bytes is only a lower bound,
+  // so when no fixed order reaches it, seeded random orders (size times a random power of the
+  // lifetime) are tried within a budget.
+  const std::size_t m = items.size();
+  auto sorted = [&](auto less) {
+    std::vector<std::size_t> o(m);
+    for (std::size_t i = 0; i < m; ++i) o[i] = i;
+    std::stable_sort(o.begin(), o.end(), less);
+    return o;
+  };
+  auto span = [&](std::size_t i) { return static_cast<double>(items[i].last - items[i].first + 1); };
+  std::vector<std::vector<std::size_t>> orders = {
+      sorted([&](std::size_t a, std::size_t b) {
+        if (items[a].bytes != items[b].bytes) return items[a].bytes > items[b].bytes;
+        return span(a) > span(b);
+      }),
+      sorted([&](std::size_t a, std::size_t b) {
+        if (items[a].first != items[b].first) return items[a].first < items[b].first;
+        return items[a].bytes > items[b].bytes;
+      }),
+      sorted([&](std::size_t a, std::size_t b) {
+        if (span(a) != span(b)) return span(a) > span(b);
+        return items[a].bytes > items[b].bytes;
+      }),
+      sorted([&](std::size_t a, std::size_t b) {
+        return static_cast<double>(items[a].bytes) * span(a) > static_cast<double>(items[b].bytes) * span(b);
+      }),
+      detail::breadth_order(items, n),
+  };
+  std::int64_t best = -1;
+  std::vector<std::int64_t> best_off(m, 0);
+  auto attempt = [&](const std::vector<std::size_t>& o, bool best_fit) {
+    auto [off, arena] = detail::pack(items, o, best_fit, opt.alignment);
+    if (best < 0 || arena < best) {
+      best = arena;
+      best_off = std::move(off);
+    }
+    return best <= plan.live_peak_bytes;
+  };
+  [&] {
+    for (const auto& o : orders)
+      for (bool best_fit : {true, false})
+        if (attempt(o, best_fit)) return;
+    const double work = static_cast<double>(m) * static_cast<double>(m) + 1.0;
+    const int tries = static_cast<int>(std::min(256.0, 2e7 / work));
+    std::uint64_t state = 0x9e3779b97f4a7c15ull;  // splitmix64: the same plan everywhere
+    auto uniform = [&] {
+      std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+    };
+    std::vector<double> key(m);
+    for (int t = 0; t < tries; ++t) {
+      for (std::size_t i = 0; i < m; ++i) {
+        const double u = 0.5 + uniform();
+        key[i] = static_cast<double>(items[i].bytes) * u * std::pow(span(i), uniform());
+      }
+      if (attempt(sorted([&](std::size_t a, std::size_t b) { return key[a] > key[b]; }), true)) return;
+    }
+  }();
+  for (std::size_t i = 0; i < m; ++i) plan.buffers[i].offset = best_off[i];
+  plan.arena_bytes = std::max<std::int64_t>(best, 0);
+  return plan;
+}
+
+inline bool memory_plan::check(const graph& g, std::string* why) const {
+  std::ostringstream err;
+  auto fail = [&]() {
+    if (why) *why = err.str();
+    return false;
+  };
+  const auto& nodes = g.nodes();
+  const std::size_t n = nodes.size();
+  if (n != num_nodes || buffer_of.size() != n) {
+    err << "the plan is for a graph of " << num_nodes << " nodes, this one has " << n;
+    return fail();
+  }
+  detail::liveness_info live(g);
+  // Which value each value's bytes belong to: (buffer, index in buffer.values), or external.
+  struct owner {
+    int buffer = -1;
+    int value = -1;
+  };
+  std::vector<std::vector<owner>> own(n);
+  std::vector<std::vector<std::vector<value_ref>>> aliases(buffers.size());
+  for (std::size_t b = 0; b < buffers.size(); ++b) aliases[b].resize(buffers[b].values.size());
+  for (std::size_t p = 0; p < n; ++p) {
+    const node* nd = nodes[p];
+    own[p].resize(static_cast<std::size_t>(nd->num_outputs()));
+    if (buffer_of[p].size() != own[p].size() && !(buffer_of[p].empty())) {
+      err << "%" << nd->name() << ": the plan lists " << buffer_of[p].size() << " outputs, the node has "
+          << own[p].size();
+      return fail();
+    }
+    for (int k = 0; k < nd->num_outputs(); ++k) {
+      const int b = buffer_of[p].empty() ? -1 : buffer_of[p][static_cast<std::size_t>(k)];
+      if (b >= 0) {
+        if (b >= static_cast<int>(buffers.size())) {
+          err << detail::ref_str({const_cast<node*>(nd), k}) << ": buffer " << b << " does not exist";
+          return fail();
+        }
+        const auto& vs = buffers[static_cast<std::size_t>(b)].values;
+        int idx = -1;
+        for (std::size_t i = 0; i < vs.size(); ++i)
+          if (vs[i].position == p && vs[i].index == k) idx = static_cast<int>(i);
+        if (idx < 0 || vs[static_cast<std::size_t>(idx)].name != detail::ref_str({const_cast<node*>(nd), k})) {
+          err << detail::ref_str({const_cast<node*>(nd), k}) << " is not listed by its buffer " << b
+              << " (was the graph reordered after planning?)";
+          return fail();
+        }
+        const std::int64_t need = detail::value_bytes(nd->meta(k));
+        if (buffers[static_cast<std::size_t>(b)].bytes < need) {
+          err << detail::ref_str({const_cast<node*>(nd), k}) << " needs " << need << " bytes, its buffer " << b
+              << " has " << buffers[static_cast<std::size_t>(b)].bytes;
+          return fail();
+        }
+        own[p][static_cast<std::size_t>(k)] = {b, idx};
+      } else if (std::holds_alternative<ops::placeholder>(nd->kind())) {
+        // the caller's memory
+      } else if (nd->is_wait() || nd->is_view() || std::holds_alternative<ops::contiguous>(nd->kind())) {
+        const value_ref in = nd->args().at(0);
+        own[p][static_cast<std::size_t>(k)] = own[g.position(in.src)][static_cast<std::size_t>(in.index)];
+      } else {
+        err << detail::ref_str({const_cast<node*>(nd), k}) << " (" << nd->op() << ") is computed but has no buffer";
+        return fail();
+      }
+      const owner o = own[p][static_cast<std::size_t>(k)];
+      if (o.buffer >= 0)
+        aliases[static_cast<std::size_t>(o.buffer)][static_cast<std::size_t>(o.value)].push_back({const_cast<node*>(nd), k});
+    }
+  }
+  // Each value's lifetime lies in its buffer's interval; a value handed on to an in-place
+  // all_reduce is read by nothing else from that all_reduce on and is not a graph output.
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    const planned_buffer& buf = buffers[b];
+    if (buf.offset < 0 || buf.offset % alignment != 0 || buf.offset + buf.bytes > arena_bytes) {
+      err << "buffer " << b << " at offset " << buf.offset << " (" << buf.bytes
+          << " bytes) is misaligned or outside the arena of " << arena_bytes << " bytes";
+      return fail();
+    }
+    for (std::size_t i = 0; i < buf.values.size(); ++i) {
+      const planned_value& v = buf.values[i];
+      if (v.position < buf.first || v.position > buf.last) {
+        err << v.name << " is written at " << v.position << ", outside its buffer's interval [" << buf.first
+            << ", " << buf.last << "]";
+        return fail();
+      }
+      const node* thief = i + 1 < buf.values.size() ? nodes[buf.values[i + 1].position] : nullptr;
+      if (thief && !std::holds_alternative<ops::all_reduce>(thief->kind()) &&
+          !std::holds_alternative<ops::all_reduce_coalesced>(thief->kind())) {
+        err << buf.values[i + 1].name << " shares " << v.name << "'s buffer but is not an all_reduce";
+        return fail();
+      }
+      int thief_reads = 0;
+      for (const value_ref& a : aliases[b][i])
+        for (const node* r : detail::readers_of(a.src, a.index)) {
+          const std::size_t e = live.read_end(r);
+          if (e > buf.last) {
+            err << "%" << r->name() << " reads " << v.name << " until " << e << ", after its buffer " << b
+                << " is free at " << buf.last;
+            return fail();
+          }
+          if (!thief) continue;
+          if (r == thief) {
+            for (auto& x : r->args()) thief_reads += x == a;
+            continue;
+          }
+          if (e >= buf.values[i + 1].position) {
+            err << v.name << " is read by %" << r->name() << " until " << e << " but " << buf.values[i + 1].name
+                << " reduces into its buffer at " << buf.values[i + 1].position;
+            return fail();
+          }
+        }
+      if (thief && thief_reads != 1) {
+        err << buf.values[i + 1].name << " reduces into " << v.name << "'s buffer but reads it " << thief_reads
+            << " times";
+        return fail();
+      }
+    }
+  }
+  // No two buffers live at one position share a byte.
+  for (std::size_t a = 0; a < buffers.size(); ++a)
+    for (std::size_t b = a + 1; b < buffers.size(); ++b) {
+      const planned_buffer &x = buffers[a], &y = buffers[b];
+      if (x.bytes == 0 || y.bytes == 0) continue;
+      const bool in_time = x.first <= y.last && y.first <= x.last;
+      const bool in_space = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+      if (in_time && in_space) {
+        err << "buffers " << a << " (" << x.values.front().name << ", bytes [" << x.offset << ", "
+            << x.offset + x.bytes << "), live [" << x.first << ", " << x.last << "]) and " << b << " ("
+            << y.values.front().name << ", bytes [" << y.offset << ", " << y.offset + y.bytes << "), live ["
+            << y.first << ", " << y.last << "]) overlap";
+        return fail();
+      }
+    }
+  return true;
+}
+
+/// The plan as text: a summary line, then one line per buffer (its first value, bytes, offset,
+/// live interval, whether it is a graph output) and one per value reduced in place into it.
+inline std::string to_string(const memory_plan& p) {
+  std::ostringstream os;
+  os << "memory plan: " << p.buffers.size() << " buffers in an arena of " << p.arena_bytes
+     << " bytes (live peak " << p.live_peak_bytes << ", unplanned peak " << p.unplanned_peak_bytes
+     << ", total " << p.total_bytes << "), " << p.num_steals() << " in-place all_reduce"
+     << (p.num_steals() == 1 ? "" : "s") << '\n';
+  for (std::size_t b = 0; b < p.buffers.size(); ++b) {
+    const planned_buffer& buf = p.buffers[b];
+    os << "  buf" << b << "  " << buf.values.front().name << "  " << buf.bytes << " B @ " << buf.offset
+       << "  live [" << buf.first << ", " << buf.last << "]" << (buf.is_output ? "  output" : "") << '\n';
+    for (std::size_t i = 1; i < buf.values.size(); ++i)
+      os << "  buf" << b << "  " << buf.values[i].name << "  in place, stolen from "
+         << buf.values[i - 1].name << '\n';
+  }
+  return os.str();
+}
+
+}  // namespace ccgraph

@@ -1,0 +1,149 @@
+// ccgraph/schedule/timeline.hpp: the predicted execution of a scheduled graph on two streams
+// (compute and communication), from per-node cost estimates: exposed communication, the text
+// overlap report, and a Chrome trace (JSON, viewable in Perfetto / chrome://tracing).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ir/print.hpp>
+
+namespace ccgraph {
+
+/// Estimated run time of one node in microseconds.
+using runtime_estimator = std::function<double(const node&)>;
+
+/// One node's predicted interval on its stream.
+struct timeline_event {
+  const node* n = nullptr;
+  bool on_comm_stream = false;
+  double start_us = 0;
+  double end_us = 0;
+  double stall_us = 0;  // for waits: how long compute stood still waiting for the collective
+};
+
+/// The predicted execution: collectives run one after another on the communication stream,
+/// each starting when issued (its position in the order) and the stream is free; everything
+/// else runs in order on the compute stream, and a wait_tensor holds the compute stream until
+/// its collective ends. Exposed communication is the sum of those holds.
+struct timeline {
+  std::vector<timeline_event> events;
+  double total_us = 0;          // when the last stream finishes
+  double compute_us = 0;        // busy time of the compute stream
+  double comm_us = 0;           // busy time of the communication stream
+  double exposed_comm_us = 0;   // compute-stream time spent waiting for collectives
+
+  /// Fraction of communication time not hidden behind compute (0 when there is none).
+  double exposed_ratio() const { return comm_us > 0 ? exposed_comm_us / comm_us : 0.0; }
+};
+
+/// Simulates `g` in its current order with costs from `estimate`.
+inline timeline simulate(const graph& g, const runtime_estimator& estimate) {
+  timeline tl;
+  double t_compute = 0, t_comm = 0;
+  std::unordered_map<const node*, double> done;  // completion time of each node's outputs
+  for (const node* n : g.nodes()) {
+    double ready = 0;
+    for (auto& a : n->args()) ready = std::max(ready, done[a.src]);
+    timeline_event ev{n, n->is_collective(), 0, 0, 0};
+    const double cost = std::holds_alternative<ops::placeholder>(n->kind()) ||
+                                std::holds_alternative<ops::output>(n->kind())
+                            ? 0.0
+                            : estimate(*n);
+    if (n->is_collective()) {
+      // Issued when the compute stream reaches it, once its inputs exist and the stream is free.
+      ev.start_us = std::max({t_comm, t_compute, ready});
+      ev.end_us = ev.start_us + cost;
+      t_comm = ev.end_us;
+      tl.comm_us += cost;
+    } else {
+      const double start = std::max(t_compute, ready);
+      if (n->is_wait()) ev.stall_us = start - t_compute;
+      ev.start_us = start;
+      ev.end_us = start + cost;
+      tl.exposed_comm_us += ev.stall_us;
+      tl.compute_us += cost;
+      t_compute = ev.end_us;
+    }
+    done[n] = ev.end_us;
+    tl.events.push_back(ev);
+  }
+  tl.total_us = std::max(t_compute, t_comm);
+  return tl;
+}
+
+namespace detail {
+inline std::string node_label(const node& n) {
+  if (auto* p = std::get_if<ops::pointwise>(&n.kind())) return "%" + n.name() + " " + p->fused;
+  return "%" + n.name() + " " + std::string(n.op());
+}
+inline std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+}  // namespace detail
+
+/// The timeline as Chrome trace JSON: one track for the compute stream, one for communication;
+/// waits that stall show their stall as a separate "exposed" slice.
+inline std::string to_chrome_trace(const timeline& tl, const std::string& process_name = "ccgraph") {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3);
+  os << "{\"traceEvents\":[\n";
+  os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\""
+     << detail::json_escape(process_name) << "\"}},\n";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute stream\"}},\n";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"comm stream\"}}";
+  for (const auto& ev : tl.events) {
+    if (std::holds_alternative<ops::placeholder>(ev.n->kind()) || std::holds_alternative<ops::output>(ev.n->kind()))
+      continue;
+    if (ev.stall_us > 0)
+      os << ",\n{\"name\":\"exposed wait\",\"cat\":\"stall\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":"
+         << ev.start_us - ev.stall_us << ",\"dur\":" << ev.stall_us << "}";
+    os << ",\n{\"name\":\"" << detail::json_escape(detail::node_label(*ev.n)) << "\",\"cat\":\""
+       << (ev.on_comm_stream ? "comm" : ev.n->is_wait() ? "wait" : "compute")
+       << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << (ev.on_comm_stream ? 1 : 0) << ",\"ts\":" << ev.start_us
+       << ",\"dur\":" << (ev.end_us - ev.start_us) << ",\"args\":{\"meta\":\""
+       << (ev.n->num_outputs() ? detail::json_escape(detail::metas_str(*ev.n)) : std::string()) << "\"}}";
+  }
+  os << "\n],\"displayTimeUnit\":\"ms\"}\n";
+  return os.str();
+}
+
+/// A text overlap report: one line per node with its stream and predicted interval, compute
+/// that runs while a collective is in flight marked with '|', and the totals.
+inline std::string overlap_report(const timeline& tl) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  std::vector<std::pair<double, double>> comm;
+  for (auto& ev : tl.events)
+    if (ev.on_comm_stream) comm.emplace_back(ev.start_us, ev.end_us);
+  for (const auto& ev : tl.events) {
+    if (std::holds_alternative<ops::placeholder>(ev.n->kind()) || std::holds_alternative<ops::output>(ev.n->kind()))
+      continue;
+    bool overlapped = false;
+    if (!ev.on_comm_stream)
+      for (auto& [s, e] : comm) overlapped = overlapped || (ev.start_us < e && ev.end_us > s && ev.end_us > ev.start_us);
+    os << (ev.on_comm_stream ? "  comm    " : overlapped ? "| compute " : "  compute ") << std::setw(10)
+       << ev.start_us << " .. " << std::setw(10) << ev.end_us << " us  " << detail::node_label(*ev.n);
+    if (ev.stall_us > 0) os << "   (exposed " << ev.stall_us << " us)";
+    os << '\n';
+  }
+  os << "total " << tl.total_us << " us, compute " << tl.compute_us << " us, communication "
+     << tl.comm_us << " us, exposed communication " << tl.exposed_comm_us << " us ("
+     << std::setprecision(1) << 100.0 * tl.exposed_ratio() << "%)\n";
+  return os.str();
+}
+
+}  // namespace ccgraph

@@ -1,0 +1,333 @@
+// tests/schedule/test_decompose.cpp: decompose_matmul_collectives of
+// ccgraph/schedule/decompose.hpp: the TP MLP (x @ w1 -> gelu -> @ w2 -> all_reduce) becomes
+// independent row pipelines, each ending in its all_reduce; matmul -> reduce_scatter and
+// all_gather -> matmul chains are chunked too; results stay bitwise equal to the undecomposed
+// graph and to eager execution on 2 and 4 ranks, for divisible and non-divisible chunk counts.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <ccgraph/ccgraph.hpp>
+#include <ccgraph/schedule/decompose.hpp>
+
+namespace cg = ccgraph;
+
+namespace {
+
+constexpr std::int64_t T = 64, H = 32;
+
+std::vector<int> iota_ranks(int n) {
+  std::vector<int> r(static_cast<std::size_t>(n));
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+cg::trace_options world_of(int n) { return cg::trace_options{.rank = 0, .world_size = n}; }
+
+/// The TP MLP of PERF.md, one rank's share: written once, traced and run eagerly.
+auto tp_mlp(const cg::group& grp) {
+  return [grp](const auto& x, const auto& w1, const auto& w2) {
+    auto y = cg::matmul(cg::gelu(cg::matmul(x, w1)), w2);
+    auto r = cg::all_reduce(y, "sum", grp);
+    return cg::wait_tensor(r);
+  };
+}
+
+auto trace_tp_mlp(int world, std::int64_t t = T) {
+  return cg::trace(world_of(world), tp_mlp(cg::group{iota_ranks(world)}), cg::input<float>({t, H}),
+                   cg::input<float>({H, 2 * H}), cg::input<float>({2 * H, H}));
+}
+
+/// The collectives' op names, in order.
+std::vector<std::string> collective_ops(const cg::graph& g) {
+  std::vector<std::string> out;
+  for (const cg::node* n : g.nodes())
+    if (n->is_collective()) out.emplace_back(n->op());
+  return out;
+}
+
+cg::any_tensor random_input(const cg::tensor_meta& m, std::uint64_t seed) {
+  return cg::visit_dtype(m.dtype, [&](auto tag) -> cg::any_tensor {
+    using T_ = decltype(tag);
+    if constexpr (std::is_same_v<T_, float> || std::is_same_v<T_, double>) {
+      return cg::uniform<T_>(m.shape, -1.0, 1.0, seed);
+    } else {
+      CCGRAPH_THROW(cg::error, "random_input: no random ", m.str(), " in this test");
+    }
+  });
+}
+
+std::vector<unsigned char> bytes_of(const cg::any_tensor& t) {
+  return std::visit(
+      [](const auto& x) {
+        const auto v = x.to_vector();
+        std::vector<unsigned char> b;
+        if constexpr (std::is_same_v<typename std::decay_t<decltype(x)>::value_type, bool>) {
+          b.assign(v.begin(), v.end());
+        } else {
+          b.resize(v.size() * sizeof(v[0]));
+          if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+        }
+        return b;
+      },
+      t);
+}
+
+/// Runs `base` and every graph of `others` on the same random inputs on each of `world` ranks;
+/// true when every output of every rank is bitwise equal to base's.
+bool same_results(const cg::graph& base, const std::vector<const cg::graph*>& others, int world) {
+  std::vector<int> ok(static_cast<std::size_t>(world), 0);
+  cg::run_threads(world, [&](cg::rank_context& ctx) {
+    std::vector<cg::any_tensor> in;
+    std::uint64_t k = 0;
+    for (const cg::node* p : base.placeholders())
+      in.push_back(random_input(p->meta(), 1000u * (ctx.rank() + 1) + k++));
+    const auto expect = cg::compile(base, ctx).run(in);
+    bool good = true;
+    for (const cg::graph* o : others) {
+      const auto got = cg::compile(*o, ctx).run(in);
+      good = good && got.size() == expect.size();
+      for (std::size_t i = 0; good && i < got.size(); ++i)
+        good = cg::meta_of(got[i]) == cg::meta_of(expect[i]) && bytes_of(got[i]) == bytes_of(expect[i]);
+    }
+    ok[static_cast<std::size_t>(ctx.rank())] = good;
+  });
+  return std::count(ok.begin(), ok.end(), 1) == world;
+}
+
+bool same_results(const cg::graph& a, const cg::graph& b, int world) { return same_results(a, {&b}, world); }
+
+/// Decomposed copy of `g`, linted.
+template <class G>
+G decomposed(const G& g, int chunks) {
+  G d = g;
+  cg::decompose_matmul_collectives(d, chunks);
+  cg::lint(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("decompose.tp_mlp.structure") {
+  const auto g = trace_tp_mlp(2);
+  const auto d = decomposed(g, 4);
+  CHECK(d.count("matmul") == 8);
+  CHECK(d.count("pointwise") == 4);
+  CHECK(d.count("all_reduce") == 4);
+  CHECK(d.count("wait_tensor") == 4);
+  CHECK(d.count("narrow") == 4);
+  CHECK(d.count("cat") == 1);
+  // Four independent row pipelines, each ending in its all_reduce, then the waits and the cat.
+  std::vector<std::string> expected;
+  for (int i = 0; i < 4; ++i)
+    for (const char* op : {"narrow", "matmul", "fused_gelu", "matmul", "all_reduce"}) expected.emplace_back(op);
+  for (int i = 0; i < 4; ++i) expected.emplace_back("wait_tensor");
+  expected.emplace_back("cat");
+  CHECK(cg::op_sequence(d) == expected);
+  // Rows of x, in order; the weights are read whole.
+  int i = 0;
+  for (const cg::node* n : d.nodes())
+    if (auto* nw = std::get_if<cg::ops::narrow>(&n->kind())) {
+      CHECK(n->args()[0].src == d.placeholders()[0]);
+      CHECK(nw->dim == 0);
+      CHECK(nw->start == 16 * i++);
+      CHECK(nw->length == 16);
+    }
+  for (const cg::node* n : d.nodes())
+    if (n->op() == "matmul") CHECK(n->args()[1].src->op() == "placeholder");
+  // The result is returned through the cat.
+  CHECK(d.output_node()->args()[0].src->op() == "cat");
+  CHECK(d.output_node()->args()[0].src->shape() == cg::shape_t{T, H});
+}
+
+TEST_CASE("decompose.tp_mlp.results_match_undecomposed_and_eager") {
+  for (int world : {2, 4}) {
+    const auto g = trace_tp_mlp(world);
+    std::vector<decltype(decomposed(g, 1))> ds;
+    for (int chunks = 1; chunks <= 5; ++chunks) {
+      ds.push_back(decomposed(g, chunks));
+      // torch.chunk's pieces: 64 rows in 5 chunks are 13, 13, 13, 13, 12.
+      CHECK(ds.back().count("all_reduce") == static_cast<std::size_t>(chunks));
+      CHECK(collective_ops(ds.back()) == std::vector<std::string>(static_cast<std::size_t>(chunks), "all_reduce"));
+    }
+    CHECK(cg::to_string(ds[0]) == cg::to_string(g));  // one chunk: nothing to do
+    std::vector<int> ok(static_cast<std::size_t>(world), 0);
+    cg::run_threads(world, [&](cg::rank_context& ctx) {
+      const auto seed = static_cast<std::uint64_t>(10 * ctx.rank());
+      const auto x = cg::uniform<float>({T, H}, -1, 1, seed + 1);
+      const auto w1 = cg::uniform<float>({H, 2 * H}, -1, 1, seed + 2);
+      const auto w2 = cg::uniform<float>({2 * H, H}, -1, 1, seed + 3);
+      const auto eager = tp_mlp(ctx.world())(x, w1, w2).to_vector();
+      bool good = cg::compile(g, ctx)(x, w1, w2).to_vector() == eager;
+      for (const auto& d : ds) good = good && cg::compile(d, ctx)(x, w1, w2).to_vector() == eager;
+      ok[static_cast<std::size_t>(ctx.rank())] = good;
+    });
+    CHECK(std::count(ok.begin(), ok.end(), 1) == world);
+  }
+}
+
+TEST_CASE("decompose.row_broadcast_inputs.stay_whole") {
+  const cg::group grp{std::vector<int>{0, 1}};
+  const auto g = cg::trace(world_of(2), [&](auto x, auto w, auto bias, auto scale) {
+    auto y = (cg::matmul(x, w) + bias) * scale;  // bias [N], scale [1, N]: broadcast along rows
+    return cg::wait_tensor(cg::all_reduce(y, "sum", grp));
+  }, cg::input<float>({10, 8}), cg::input<float>({8, 6}), cg::input<float>({6}), cg::input<float>({1, 6}));
+  const auto d = decomposed(g, 3);  // 10 rows: 4, 4, 2
+  CHECK(d.count("all_reduce") == 3);
+  CHECK(d.count("narrow") == 3);
+  for (const cg::node* n : d.nodes())
+    if (n->op() == "narrow") CHECK(n->args()[0].src == d.placeholders()[0]);
+  for (const cg::node* n : d.nodes())
+    if (n->op() == "pointwise") {
+      CHECK(n->args()[1].src == d.placeholders()[2]);
+      CHECK(n->args()[2].src == d.placeholders()[3]);
+    }
+  CHECK(same_results(g, d, 2));
+}
+
+TEST_CASE("decompose.region.dag_and_shared_values") {
+  const cg::group grp{std::vector<int>{0, 1}};
+  // h is read by two nodes of the region: it is recomputed once per chunk.
+  const auto dag = cg::trace(world_of(2), [&](auto x, auto w1, auto w2) {
+    auto h = cg::matmul(x, w1);
+    auto a = cg::eval(cg::gelu(h));
+    auto y = cg::matmul(a * h, w2);
+    return cg::wait_tensor(cg::all_reduce(y, "sum", grp));
+  }, cg::input<float>({12, 8}), cg::input<float>({8, 8}), cg::input<float>({8, 4}));
+  const auto d1 = decomposed(dag, 3);
+  CHECK(d1.count("matmul") == 6);
+  CHECK(d1.count("pointwise") == 6);
+  CHECK(d1.count("narrow") == 3);
+  CHECK(same_results(dag, d1, 2));
+  // h is also returned: it is computed whole, and its rows are narrowed per chunk.
+  const auto shared = cg::trace(world_of(2), [&](auto x, auto w1, auto w2) {
+    auto h = cg::matmul(x, w1);
+    auto y = cg::matmul(cg::relu(h), w2);
+    return std::make_tuple(cg::wait_tensor(cg::all_reduce(y, "sum", grp)), h);
+  }, cg::input<float>({12, 8}), cg::input<float>({8, 8}), cg::input<float>({8, 4}));
+  const auto d2 = decomposed(shared, 3);
+  CHECK(d2.count("matmul") == 4);
+  CHECK(d2.count("all_reduce") == 3);
+  for (const cg::node* n : d2.nodes())
+    if (n->op() == "narrow") CHECK(n->args()[0].src->op() == "matmul");
+  CHECK(same_results(shared, d2, 2));
+}
+
+TEST_CASE("decompose.reduce_scatter.rows_of_every_block") {
+  for (int world : {2, 4}) {
+    const auto g = cg::trace(world_of(world), [world](auto x, auto w) {
+      auto y = cg::relu(cg::matmul(x, w));
+      return cg::wait_tensor(cg::reduce_scatter_tensor(y, "sum", 0, cg::group{iota_ranks(world)}));
+    }, cg::input<float>({10 * world, 8}), cg::input<float>({8, 6}));
+    const auto d = decomposed(g, 3);  // 10 rows per rank: 4, 4, 2
+    CHECK(collective_ops(d) == std::vector<std::string>(3, "reduce_scatter_tensor"));
+    CHECK(d.count("matmul") == 3);
+    CHECK(d.count("narrow") == static_cast<std::size_t>(3 * world));
+    const auto d5 = decomposed(g, 5);  // 10 rows per rank: 2 each
+    CHECK(d5.count("reduce_scatter_tensor") == 5);
+    CHECK(same_results(g, {&d, &d5}, world));
+  }
+}
+
+TEST_CASE("decompose.all_gather.matmul_chain") {
+  for (int world : {2, 4}) {
+    const cg::group grp{iota_ranks(world)};
+    const auto g = cg::trace(world_of(world), [&](auto x, auto w1, auto w2) {
+      auto full = cg::all_gather_tensor(x, 0, grp);
+      return cg::matmul(cg::gelu(cg::matmul(full, w1)), w2);
+    }, cg::input<float>({6, 8}), cg::input<float>({8, 12}), cg::input<float>({12, 5}));
+    const auto d = decomposed(g, 4);  // 6 rows per rank: 2, 2, 2
+    CHECK(collective_ops(d) == std::vector<std::string>(3, "all_gather_into_tensor"));
+    CHECK(d.count("matmul") == 6);
+    CHECK(d.count("pointwise") == 3);
+    CHECK(d.count("narrow") == static_cast<std::size_t>(3 + 3 * world));
+    // The gathers are issued first; each chunk's chain starts with its wait.
+    const auto seq = cg::op_sequence(d);
+    CHECK(seq[1] == "all_gather_into_tensor");
+    CHECK(seq[5] == "all_gather_into_tensor");
+    CHECK(seq[6] == "wait_tensor");
+    const auto d5 = decomposed(g, 5);  // 6 rows in 5 chunks: 2, 2, 2
+    const auto d6 = decomposed(g, 6);
+    CHECK(d6.count("all_gather_into_tensor") == 6);
+    const auto d7 = decomposed(g, 7);  // fewer rows than chunks: unchanged
+    CHECK(cg::to_string(d7) == cg::to_string(g));
+    CHECK(same_results(g, {&d, &d5, &d6}, world));
+
+    // Sequence parallel into tensor parallel: gather, MLP, all_reduce. The gather side is
+    // chunked; the all_reduce then reads the reassembled rows and stays whole.
+    const auto sp = cg::trace(world_of(world), [&](auto x, auto w1, auto w2) {
+      auto full = cg::all_gather_tensor(x, 0, grp);
+      auto y = cg::matmul(cg::gelu(cg::matmul(full, w1)), w2);
+      return cg::wait_tensor(cg::all_reduce(y, "sum", grp));
+    }, cg::input<float>({6, 8}), cg::input<float>({8, 12}), cg::input<float>({12, 5}));
+    const auto dsp = decomposed(sp, 3);
+    std::vector<std::string> expected(3, "all_gather_into_tensor");
+    expected.emplace_back("all_reduce");
+    CHECK(collective_ops(dsp) == expected);
+    CHECK(same_results(sp, dsp, world));
+  }
+}
+
+TEST_CASE("decompose.collective_order.kept") {
+  const cg::group grp{std::vector<int>{0, 1}};
+  const auto g = cg::trace(world_of(2), [&](auto a, auto x, auto w1, auto w2) {
+    auto r0 = cg::all_reduce(a, "max", grp);
+    auto y = cg::matmul(cg::gelu(cg::matmul(x, w1)), w2);
+    auto r1 = cg::all_reduce(y, "sum", grp);
+    auto r2 = cg::all_gather_tensor(a * 2.f, 0, grp);
+    return std::make_tuple(cg::wait_tensor(r0) + 1.f, cg::wait_tensor(r1), cg::wait_tensor(r2));
+  }, cg::input<float>({4, 4}), cg::input<float>({T, H}), cg::input<float>({H, 2 * H}), cg::input<float>({2 * H, H}));
+  const auto d = decomposed(g, 3);
+  const std::vector<std::string> expected = {"all_reduce", "all_reduce", "all_reduce", "all_reduce",
+                                             "all_gather_into_tensor"};
+  CHECK(collective_ops(d) == expected);
+  // The untouched collectives keep their attributes and inputs.
+  std::vector<const cg::node*> cs;
+  for (const cg::node* n : d.nodes())
+    if (n->is_collective()) cs.push_back(n);
+  CHECK(std::get<cg::ops::all_reduce>(cs.front()->kind()).op == cg::reduce_op::max);
+  CHECK(cs.front()->args()[0].src == d.placeholders()[0]);
+  CHECK(same_results(g, d, 2));
+}
+
+TEST_CASE("decompose.skips.what_it_cannot_split") {
+  const cg::group grp{std::vector<int>{0, 1}};
+  auto unchanged = [](const auto& g, int chunks) {
+    auto d = g;
+    cg::decompose_matmul_collectives(d, chunks);
+    return cg::to_string(d) == cg::to_string(g);
+  };
+  // The matmul's result is also read elsewhere.
+  const auto reused = cg::trace(world_of(2), [&](auto x, auto w) {
+    auto y = cg::matmul(x, w);
+    return std::make_tuple(cg::wait_tensor(cg::all_reduce(y, "sum", grp)), y);
+  }, cg::input<float>({8, 4}), cg::input<float>({4, 4}));
+  CHECK(unchanged(reused, 2));
+  // Fewer rows than chunks, or fewer than two chunks.
+  const auto small = trace_tp_mlp(2, 3);
+  CHECK(unchanged(small, 4));
+  CHECK(!unchanged(small, 3));
+  CHECK(unchanged(trace_tp_mlp(2), 1));
+  CHECK(unchanged(trace_tp_mlp(2), 0));
+  // No matmul to split.
+  const auto no_matmul = cg::trace(world_of(2), [&](auto x) {
+    return cg::wait_tensor(cg::all_reduce(cg::relu(x), "sum", grp));
+  }, cg::input<float>({8, 4}));
+  CHECK(unchanged(no_matmul, 2));
+  // The collective's result is returned un-waited (no wait to replace).
+  const auto unwaited = cg::trace(world_of(2), [&](auto x, auto w) {
+    return cg::all_reduce(cg::matmul(x, w), "sum", grp);
+  }, cg::input<float>({8, 4}), cg::input<float>({4, 4}));
+  CHECK(unchanged(unwaited, 2));
+  // A batched (3-d) matmul.
+  const auto batched = cg::trace(world_of(2), [&](auto x, auto w) {
+    return cg::wait_tensor(cg::all_reduce(cg::matmul(x, w), "sum", grp));
+  }, cg::input<float>({2, 8, 4}), cg::input<float>({4, 4}));
+  CHECK(unchanged(batched, 2));
+}
