@@ -3,6 +3,9 @@
 # Source it; it sets CCGRAPH_ROOT to the repository root.
 
 CCGRAPH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# ccache hits across clones and build directories (paths relative to the repo root).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$CCGRAPH_ROOT}"
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export CCGRAPH_ROOT
 
 log() { printf '\n==> %s\n' "$*"; }
@@ -14,6 +17,19 @@ nproc_or_2() { nproc 2>/dev/null || echo 2; }
 # True when a GPU is visible (nvidia-smi lists one); GPU-labelled tests run only then.
 have_gpu() {
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# apt_install PACKAGES...: installs Debian/Ubuntu packages with apt-get (through sudo when not
+# root); returns non-zero when that is not possible.
+apt_install() {
+  log "installing missing packages: $*"
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then sudo=(sudo); else sudo=(false); fi
+  fi
+  command -v apt-get >/dev/null 2>&1 &&
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
 # Installs (on Debian/Ubuntu, via apt-get) whatever the build needs and is missing. Each
@@ -31,17 +47,7 @@ ensure_deps() {
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   ((${#missing[@]} == 0)) && return 0
 
-  log "installing missing packages: ${missing[*]}"
-  local sudo=()
-  if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null 2>&1; then sudo=(sudo); else sudo=(false); fi
-  fi
-  if command -v apt-get >/dev/null 2>&1 &&
-     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-       "${missing[@]}"; then
-    return 0
-  fi
+  apt_install "${missing[@]}" && return 0
   cat >&2 <<MSG
 error: could not install the build dependencies automatically.
 Missing: ${missing[*]}

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds ccgraph in build/ (Release) and runs every test: the CPU tests, the structure and
-# compile-fail tests, the examples, and the GPU tests when a GPU is present; then the ASan/UBSan
-# and TSan builds (scripts/sanitize.sh) unless CCGRAPH_SKIP_SANITIZERS=1.
+# compile-fail tests, the examples, and the GPU tests when a GPU is present; then the packaging
+# tests: the consumer projects (scripts/consumers.sh: find_package, add_subdirectory,
+# pkg-config) unless CCGRAPH_SKIP_CONSUMERS=1, and Conan (scripts/conan.sh) unless
+# CCGRAPH_SKIP_CONAN=1; the API reference (`docs`) where Doxygen is installed, unless
+# CCGRAPH_SKIP_DOCS=1; then the ASan/UBSan and TSan builds (scripts/sanitize.sh) unless
+# CCGRAPH_SKIP_SANITIZERS=1.
 # Exits non-zero on any failure. CCGRAPH_JOBS sets the build's parallelism.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -23,7 +27,36 @@ else
   status=1
 fi
 
-if [[ $status -eq 0 && ${CCGRAPH_SKIP_SANITIZERS:-0} != 1 ]]; then
+# packaging_stage NAME SKIP_VARIABLE SCRIPT: runs a packaging test script unless SKIP_VARIABLE
+# is 1; the script records its own summary line, and a script that dies before it gets one.
+packaging_stage() {
+  local name=$1 skip=$2 script=$3
+  if [[ ${!skip:-0} == 1 ]]; then
+    log "$name tests skipped ($skip=1)"
+    return 0
+  fi
+  local rc=0
+  bash "$CCGRAPH_ROOT/scripts/$script" || rc=$?
+  if ((rc != 0)) && ! grep -q "^$name " "$CCGRAPH_SUMMARY_FILE"; then
+    record_result "$name" 1 1 "died:rc=$rc"
+  fi
+  return "$rc"
+}
+release_status=$status  # the sanitizer builds run only when the release tests passed
+
+# The API reference (`docs` target), where Doxygen is installed: optional, nothing installs it.
+if [[ ${CCGRAPH_SKIP_DOCS:-0} != 1 && -f build/CMakeCache.txt ]] && command -v doxygen >/dev/null 2>&1; then
+  if ccgraph_build build docs; then
+    record_result docs 1 0 ok
+  else
+    record_result docs 1 1 failed
+    status=1
+  fi
+fi
+packaging_stage consumers CCGRAPH_SKIP_CONSUMERS consumers.sh || status=1
+packaging_stage conan CCGRAPH_SKIP_CONAN conan.sh || status=1
+
+if [[ $release_status -eq 0 && ${CCGRAPH_SKIP_SANITIZERS:-0} != 1 ]]; then
   bash "$CCGRAPH_ROOT/scripts/sanitize.sh" || status=1
 elif [[ ${CCGRAPH_SKIP_SANITIZERS:-0} == 1 ]]; then
   log "sanitizer builds skipped (CCGRAPH_SKIP_SANITIZERS=1)"
@@ -33,7 +66,7 @@ log "summary ($((SECONDS - start)) s$(have_gpu || echo ', no GPU: tests labelled
 passed_all=0
 failed_all=0
 while read -r name total failed result; do
-  printf '  %-8s %4d tests, %3d failed   %s\n' "$name" "$total" "$failed" "$result"
+  printf '  %-10s %4d tests, %3d failed   %s\n' "$name" "$total" "$failed" "$result"
   passed_all=$((passed_all + total - failed))
   failed_all=$((failed_all + failed))
 done <"$CCGRAPH_SUMMARY_FILE"
