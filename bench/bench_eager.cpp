@@ -76,7 +76,7 @@ int main() {
          return cg::all_to_all_single(x, std::nullopt, std::nullopt, c.world()); }},
       {"broadcast", [](const cg::tensor<float>& x, cg::rank_context& c) { return cg::broadcast(x, 0, c.world()); }},
       {"all_reduce_coalesced(x4)", [](const cg::tensor<float>& x, cg::rank_context& c) {
-         return cg::all_reduce_coalesced<float>({x, x, x, x}, "sum", c.world()).back(); }},
+         return cg::all_reduce_coalesced(std::vector<cg::tensor<float>>{x, x, x, x}, "sum", c.world()).back(); }},
   };
   std::printf("ccgraph eager collectives, threads backend, 64 x f32 per rank\n");
   std::printf("%-26s %5s %12s %14s %14s\n", "op", "world", "issue us/op", "pipelined us", "round trip us");
