@@ -50,7 +50,9 @@ auto seed_program = [](auto a) {
   return cg::matmul(d + ar + fr, g);
 };
 
-auto tp_mlp = [](auto x, auto w1, auto w2) { return cg::all_reduce(cg::matmul(cg::gelu(cg::matmul(x, w1)), w2), "sum", pair); };
+auto tp_mlp = [](auto x, auto w1, auto w2) {
+  return cg::wait_tensor(cg::all_reduce(cg::matmul(cg::gelu(cg::matmul(x, w1)), w2), "sum", pair));
+};
 
 }  // namespace
 

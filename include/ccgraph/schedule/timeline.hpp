@@ -39,7 +39,7 @@ struct timeline {
   double total_us = 0;          // when the last stream finishes
   double compute_us = 0;        // busy time of the compute stream
   double comm_us = 0;           // busy time of the communication stream
-  double exposed_comm_us = 0;   // compute-stream time spent waiting for collectives
+  double exposed_comm_us = 0;   // waits' stalls, plus communication running past the compute
 
   /// Fraction of communication time not hidden behind compute (0 when there is none).
   double exposed_ratio() const { return comm_us > 0 ? exposed_comm_us / comm_us : 0.0; }
@@ -77,6 +77,8 @@ inline timeline simulate(const graph& g, const runtime_estimator& estimate) {
     tl.events.push_back(ev);
   }
   tl.total_us = std::max(t_compute, t_comm);
+  // A collective returned un-waited still has to finish: its tail after the compute is exposed.
+  tl.exposed_comm_us += std::max(0.0, t_comm - t_compute);
   return tl;
 }
 

@@ -152,7 +152,10 @@ auto trace(trace_options opt, F&& fn, const Inputs&... inputs) {
 
   auto make_arg = [&](const auto& spec) {
     using T = typename std::remove_cvref_t<decltype(spec)>::value_type;
-    node* p = st.g.add_placeholder({dtype_v<T>, spec.shape}, spec.pending);
+    tensor_meta meta;  // set field by field: nvcc 13 misparses a braced dtype_v<T> here
+    meta.dtype = dtype_v<T>;
+    meta.shape = spec.shape;
+    node* p = st.g.add_placeholder(meta, spec.pending);
     if (!spec.pending) return symbolic<T>(&st, {p, 0});
     node* w = st.g.add(ops::wait_tensor{}, {{p, 0}}, {}, "wait_tensor");
     return symbolic<T>(&st, {w, 0});
