@@ -161,6 +161,8 @@ inline void lint(const graph& g) {
   if (!g.output_node()) fail("the graph has no output node");
 }
 
+inline void graph::lint() const { ccgraph::lint(*this); }
+
 /// Removes nodes whose results nobody reads, except placeholders, the output, collectives and
 /// waits (which have effects on other ranks). Returns how many nodes were removed.
 inline std::size_t eliminate_dead_code(graph& g) {

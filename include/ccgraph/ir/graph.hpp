@@ -242,6 +242,10 @@ class graph {
     order_ = order;
     reindex(0);
   }
+  /// Checks the graph's invariants (see cg::lint in ccgraph/ir/analysis.hpp, which defines
+  /// this member); throws ccgraph::error carrying the printed graph.
+  void lint() const;
+
   /// Position of `n` in the order.
   std::size_t position(const node* n) const {
     check_owned(n, "position");
