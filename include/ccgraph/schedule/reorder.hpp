@@ -64,10 +64,14 @@ struct dep_graph {
   }
 };
 
+/// Applies a pass's order. The output node reads only and nothing reads it, so it always goes
+/// last (a pass may otherwise schedule it before a dead node or an unread wait).
 inline void apply_order(graph& g, const dep_graph& d, const std::vector<std::size_t>& order) {
   std::vector<node*> nodes;
   nodes.reserve(order.size());
   for (std::size_t i : order) nodes.push_back(d.nodes[i]);
+  std::stable_partition(nodes.begin(), nodes.end(),
+                        [](const node* n) { return !std::holds_alternative<ops::output>(n->kind()); });
   g.reorder(nodes);
 }
 
