@@ -33,7 +33,7 @@ else
   status=1
 fi
 
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$CCGRAPH_ROOT/scripts/tsan.supp}
 if sanitized_build tsan thread build-tsan; then
   # The TSan runtime of older compilers (g++ 12) aborts with "unexpected memory mapping" under
   # kernels that randomize mmap with more entropy; without ASLR (setarch -R) it runs.
