@@ -19,6 +19,7 @@
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/expr/functors.hpp>
 #include <ccgraph/expr/fwd.hpp>
+#include <ccgraph/tensor/kernel_tree.hpp>
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -262,25 +263,8 @@ inline constexpr std::string_view fused_name_v = detail::fused_name<std::remove_
 
 namespace detail {
 
-// Kernel trees: the expression with every tensor replaced by a raw pointer. They are small
-// trivially copyable structs with host/device members, so the CPU loops below and a CUDA kernel
-// evaluate the very same tree. `load(offsets, i)` reads tensor leaf I at offsets[I] + i: the
-// flat path passes zero offsets and the flat index, the row path each row's start offsets and
-// the index in the row, the general strided path each element's offsets and 0.
-
-/// Kernel leaf for tensor operand number I (outputs take index 0, so leaves start at 1).
-template <class T, std::size_t I>
-struct tensor_kernel {
-  const T* p;
-  CCGRAPH_HOST_DEVICE T load(const std::int64_t* offsets, std::int64_t i) const { return p[offsets[I] + i]; }
-};
-
-/// Kernel leaf for a scalar operand.
-template <class T>
-struct scalar_kernel {
-  T v;
-  CCGRAPH_HOST_DEVICE T load(const std::int64_t*, std::int64_t) const { return v; }
-};
+// Kernel trees (tensor/kernel_tree.hpp): the leaves are tensor_kernel and scalar_kernel; an op
+// node holds its operands' trees.
 
 template <class Op, class... Ks>
 struct node_kernel;
@@ -379,6 +363,27 @@ void evaluate_into(const E& e, const tensor<typename E::value_type>& out) {
   const shape_t& shape = e.shape();
   CCGRAPH_CHECK(out.shape() == shape, "evaluate_into: output of shape ", shape_str(out.shape()),
                 " for an expression of shape ", shape_str(shape));
+  const device dev = out.device();
+  visit_leaves(e, [&](const auto& leaf) {
+    if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
+      CCGRAPH_CHECK(leaf.value.device() == dev, "pointwise: operand of shape ",
+                    shape_str(leaf.value.shape()), " on ", leaf.value.device(), " but the result is on ",
+                    dev, "; move it with .to(device)");
+  });
+  if (dev.is_cuda()) {
+    // One kernel for the whole tree. Reading the leaves' pointers (make_kernel) orders this
+    // stream after any collective still writing them.
+    std::array<strides_t, n_leaves + 1> strides;
+    strides[0] = out.strides();
+    std::size_t next = 1;
+    visit_leaves(e, [&](const auto& leaf) {
+      if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
+        strides[next++] = tensor<T>::detail_broadcast_strides(leaf.value, shape);
+    });
+    const auto k = make_kernel<1>(e);
+    launch_device_pointwise("pointwise", dev, k, out.data(), shape, strides);
+    return;
+  }
   const auto k = make_kernel<1>(e);
   T* o = out.data();
   bool flat = out.is_contiguous();
@@ -457,11 +462,23 @@ class pointwise_expr : public detail::expr_base {
   const std::tuple<Args...>& args() const { return args_; }
 
   /// Evaluates the tree into a new contiguous tensor, in one loop; waits on pending operands.
+  /// Where the result is computed: the device of the first tensor operand (all must agree).
+  ccgraph::device device() const {
+    ccgraph::device d = default_device();
+    bool found = false;
+    detail::visit_leaves(*this, [&](const auto& leaf) {
+      if constexpr (detail::is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>) {
+        if (!found) d = leaf.value.device();
+        found = true;
+      }
+    });
+    return d;
+  }
   tensor<value_type> eval() const {
     static_assert(!is_traced_v<pointwise_expr>,
                   "eval: an expression over traced (symbolic) values is not computed here; it "
                   "becomes one pointwise graph node when converted to symbolic<T> or returned");
-    auto out = tensor<value_type>::empty(shape_);
+    auto out = tensor<value_type>::empty(shape_, device());
     detail::evaluate_into(*this, out);
     return out;
   }

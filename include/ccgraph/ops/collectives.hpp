@@ -66,7 +66,7 @@ std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, op
       outs.push_back(o);
     }
   } else {
-    for (auto& m : out_metas) outs.push_back(tensor<T>::empty(m.shape));
+    for (auto& m : out_metas) outs.push_back(tensor<T>::empty(m.shape, ctx.device()));
   }
   for (auto& o : outs) req->outputs.push_back(to_buffer(o));
   req->op = std::move(op);

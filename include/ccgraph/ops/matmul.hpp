@@ -18,6 +18,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/expr/expr.hpp>
+#include <ccgraph/tensor/device_runtime.hpp>
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -195,6 +196,65 @@ inline std::int64_t matmul_flops(const shape_t& a, const shape_t& b) {
   return 2 * numel_of(out) * a.back();
 }
 
+/// matmul on a device: one library GEMM per batch entry, reading each operand in place when
+/// one of its last two strides is 1 (row-major or transposed), else from a contiguous copy.
+/// `o`, `a`, `b` are the [batch..., rows, cols] forms matmul_into builds.
+template <element T>
+void matmul_into_device(const tensor<T>& o, tensor<T> a, tensor<T> b, const shape_t& batch,
+                        strides_t sa, strides_t sb, const strides_t& so) {
+  const device dev = o.device();
+  CCGRAPH_CHECK(a.device() == dev && b.device() == dev, "matmul: operands on ", a.device(), " and ",
+                b.device(), " but the result is on ", dev);
+  const device_runtime& rt = require_device_runtime("matmul", dev);
+  CCGRAPH_CHECK(rt.gemm != nullptr, "matmul: the device backend has no GEMM for ", dev);
+  // A matrix view the GEMM reads in place: unit stride along one of its last two dims.
+  auto layout = [](const tensor<T>& t, bool& trans, std::int64_t& ld) {
+    const auto r = t.strides().size();
+    const std::int64_t rs = t.strides()[r - 2], cs = t.strides()[r - 1];
+    const std::int64_t rows = t.shape()[r - 2], cols = t.shape()[r - 1];
+    if (cs == 1 || cols == 1) {
+      trans = false;
+      ld = std::max<std::int64_t>(rows == 1 ? cols : rs, std::max<std::int64_t>(cols, 1));
+      return true;
+    }
+    if (rs == 1 || rows == 1) {
+      trans = true;
+      ld = std::max<std::int64_t>(cols == 1 ? rows : cs, std::max<std::int64_t>(rows, 1));
+      return true;
+    }
+    return false;
+  };
+  bool ta = false, tb = false, to = false;
+  std::int64_t lda = 0, ldb = 0, ldo = 0;
+  const shape_t bshape(batch);
+  auto repack = [&](tensor<T>& t, strides_t& st) {
+    t = t.contiguous();
+    const shape_t s(t.shape().begin(), t.shape().end() - 2);
+    const strides_t ts(t.strides().begin(), t.strides().end() - 2);
+    st = tensor<T>::detail_broadcast_strides(tensor<T>(nullptr, s, ts, 0), bshape);
+  };
+  if (!layout(a, ta, lda)) repack(a, sa), layout(a, ta, lda);
+  if (!layout(b, tb, ldb)) repack(b, sb), layout(b, tb, ldb);
+  if (!layout(o, to, ldo) || to) {
+    // The GEMM writes row-major rows: compute into a contiguous buffer and copy.
+    tensor<T> tmp = tensor<T>::empty(o.shape(), dev);
+    const shape_t s(tmp.shape().begin(), tmp.shape().end() - 2);
+    const strides_t ts(tmp.strides().begin(), tmp.strides().end() - 2);
+    matmul_into_device(tmp, a, b, batch, sa, sb,
+                       tensor<T>::detail_broadcast_strides(tensor<T>(nullptr, s, ts, 0), bshape));
+    tensor<T>(o).copy_(tmp);
+    return;
+  }
+  const auto r = o.shape().size();
+  const std::int64_t m = o.shape()[r - 2], n = o.shape()[r - 1], k = a.shape().back();
+  const T* pa = a.data();
+  const T* pb = b.data();
+  T* po = o.data();
+  for_each_offset<3>(batch, {&sa, &sb, &so}, [&](const auto& off) {
+    rt.gemm(dev, dtype_v<T>, m, n, k, pa + off[0], lda, ta, pb + off[1], ldb, tb, po + off[2], ldo);
+  });
+}
+
 /// Writes matmul(a, b) into `out`, which has shape matmul_shape(a, b) and any strides (an
 /// executor's planned buffer). `out` must not overlap `a` or `b`. Waits on pending operands.
 template <element T, int SimdBytes = native_simd_bytes>
@@ -225,6 +285,10 @@ void matmul_into(const tensor<T>& out, const tensor<T>& a, const tensor<T>& b) {
   const auto br = b2.strides()[b2.strides().size() - 2], bc = b2.strides().back();
   const auto orow = o.strides()[r - 2], ocol = o.strides()[r - 1];
   if (numel_of(o.shape()) == 0) return;
+  if (!out.device().is_cpu()) {
+    matmul_into_device(o, a2, b2, batch, sa, sb, so);
+    return;
+  }
   const T* pa = a2.data();
   const T* pb = b2.data();
   T* po = o.data();
@@ -261,7 +325,9 @@ tensor<value_type_t<A>> matmul(const A& a, const B& b) {
     using T = value_type_t<A>;
     const tensor<T> ta = a;  // evaluates an expression; shares a tensor
     const tensor<T> tb = b;
-    auto out = tensor<T>::empty(detail::matmul_shape(ta.shape(), tb.shape()));
+    CCGRAPH_CHECK(ta.device() == tb.device(), "matmul: operands on ", ta.device(), " and ",
+                  tb.device());
+    auto out = tensor<T>::empty(detail::matmul_shape(ta.shape(), tb.shape()), ta.device());
     detail::matmul_into(out, ta, tb);
     return out;
   } else {

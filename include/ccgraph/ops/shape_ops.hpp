@@ -48,7 +48,11 @@ tensor<T> cat(const std::vector<tensor<T>>& tensors, std::int64_t dim = 0) {
   shapes.reserve(tensors.size());
   for (const auto& t : tensors) shapes.push_back(t.shape());
   int d = 0;
-  auto out = tensor<T>::empty(detail::cat_shape(shapes, dim, &d));
+  const shape_t out_shape = detail::cat_shape(shapes, dim, &d);
+  const device dev = tensors.front().device();
+  for (const auto& t : tensors)
+    CCGRAPH_CHECK(t.device() == dev, "cat: tensors on ", dev, " and ", t.device());
+  auto out = tensor<T>::empty(out_shape, dev);
   std::int64_t offset = 0;
   for (const auto& t : tensors) {
     out.narrow(d, offset, t.shape()[d]).copy_(t);

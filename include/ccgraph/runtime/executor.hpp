@@ -186,7 +186,7 @@ class executor {
       }
     }
     if (!arena) {
-      arena = detail::storage::host(static_cast<std::size_t>(plan_->arena_bytes));
+      arena = detail::storage::allocate(ctx_->device(), static_cast<std::size_t>(plan_->arena_bytes));
       std::lock_guard lk(cache_->mu);
       ++cache_->allocations;
     }

@@ -11,17 +11,24 @@ namespace ccgraph::detail {
 /// Completion of one launched collective. The backend that runs the collective calls
 /// `complete()` or `fail()` exactly once; any number of tensors (an output and its views, the
 /// outputs of a coalesced launch) share it and `wait()` on it. Waiting on a failed work rethrows
-/// the backend's error in the waiting thread.
+/// the backend's error in the waiting thread. Device backends derive from it: there, waiting
+/// orders the waiter's stream after the collective instead of blocking the host.
 class work {
  public:
-  /// Blocks until the work completed; rethrows its error if it failed.
-  void wait() const {
+  work() = default;
+  work(const work&) = delete;
+  work& operator=(const work&) = delete;
+  virtual ~work() = default;
+
+  /// Blocks until the work completed (a device backend: makes the calling thread's stream wait
+  /// for it); rethrows its error if it failed.
+  virtual void wait() const {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return done_; });
     if (error_) std::rethrow_exception(error_);
   }
   /// True once completed or failed.
-  bool ready() const {
+  virtual bool ready() const {
     std::lock_guard lk(mu_);
     return done_;
   }

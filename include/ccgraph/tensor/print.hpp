@@ -60,14 +60,21 @@ void print_dim(std::ostream& os, const T* p, const shape_t& shape, const strides
 /// Long tensors (over 1000 elements) show three entries at each end of each dimension.
 template <element T>
 std::ostream& operator<<(std::ostream& os, const tensor<T>& t) {
+  if (!t.device().is_cpu()) {  // print the host copy, naming the device
+    const tensor<T> h = t.cpu();
+    std::ostringstream s;
+    s << h;
+    std::string text = s.str();
+    text.insert(text.size() - 1, ", device=" + t.device().str());
+    return os << text;
+  }
   const T* p = t.data();
   os << "tensor(";
   if (t.dim() == 0)
     os << detail::format_element(*p);
   else
     detail::print_dim(os, p, t.shape(), t.strides(), 0, 0, 7);
-  return os << ", dtype=" << t.dtype() << (t.device().is_cpu() ? "" : ", device=" + t.device().str())
-            << ')';
+  return os << ", dtype=" << t.dtype() << ')';
 }
 
 }  // namespace ccgraph

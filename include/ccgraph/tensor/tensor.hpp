@@ -17,6 +17,8 @@
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/expr/fwd.hpp>
 #include <ccgraph/tensor/async.hpp>
+#include <ccgraph/tensor/device_runtime.hpp>
+#include <ccgraph/tensor/kernel_tree.hpp>
 #include <ccgraph/tensor/storage.hpp>
 #include <ccgraph/tensor/strided.hpp>
 
@@ -50,10 +52,14 @@ class tensor {
   tensor(const E& e)  // NOLINT: implicit, so `tensor<float> c = relu(a) + b;` reads naturally
       : tensor(eval_expr(e)) {}
 
-  /// A new, uninitialised contiguous host tensor.
-  static tensor empty(shape_t shape) { return empty_of(std::move(shape)); }
+  /// A new, uninitialised contiguous tensor on this thread's default device (the host unless
+  /// the rank runs on a GPU; see default_device()).
+  static tensor empty(shape_t shape) { return empty_of(std::move(shape), default_device()); }
+  /// A new, uninitialised contiguous tensor on `dev`.
+  static tensor empty(shape_t shape, ccgraph::device dev) { return empty_of(std::move(shape), dev); }
 
-  /// A new tensor holding `values` in row-major order with the given shape.
+  /// A new tensor holding `values` in row-major order with the given shape, on this thread's
+  /// default device.
   static tensor from(std::initializer_list<T> values, shape_t shape) {
     return from_range(values.begin(), values.size(), std::move(shape));
   }
@@ -119,8 +125,11 @@ class tensor {
   T* data_unsynced() const {
     return storage_ ? static_cast<T*>(storage_->data()) + offset_ : nullptr;
   }
-  /// The element at a full index; waits if pending.
+  /// The element at a full index; waits if pending. Host tensors only (a reference into device
+  /// memory would be unusable): read a device tensor with item(), to_vector() or cpu().
   T& at(std::initializer_list<std::int64_t> index) const {
+    CCGRAPH_CHECK(device().is_cpu(), "tensor::at: tensor of shape ", shape_str(shape_), " is on ",
+                  device(), "; copy it to the host with cpu() first");
     CCGRAPH_CHECK(index.size() == shape_.size(), "tensor::at: ", index.size(),
                   " indices for a tensor of shape ", shape_str(shape_));
     std::int64_t off = 0;
@@ -132,20 +141,42 @@ class tensor {
     }
     return data()[off];
   }
-  /// The value of a one-element tensor; waits if pending.
+  /// The value of a one-element tensor; waits if pending (a device tensor: copies it to the host).
   T item() const {
     CCGRAPH_CHECK(numel() == 1, "tensor::item: tensor of shape ", shape_str(shape_),
                   " has ", numel(), " elements, not 1");
+    if (!device().is_cpu()) return cpu().item();
     return *data();
   }
-  /// The values in row-major order (a copy); waits if pending.
+  /// The values in row-major order (a copy on the host); waits if pending.
   std::vector<T> to_vector() const {
+    if (!device().is_cpu()) return cpu().to_vector();
     std::vector<T> out;
     out.reserve(static_cast<std::size_t>(numel()));
     const T* p = data();
     detail::for_each_offset<1>(shape_, {&strides_}, [&](auto o) { out.push_back(p[o[0]]); });
     return out;
   }
+
+  // ---- devices ----
+  /// A contiguous copy on `dev` (this tensor itself when it is already contiguous there), like
+  /// torch's .to(device). A copy to the host is complete when this returns; one to a device is
+  /// ordered on the calling thread's stream.
+  tensor to(ccgraph::device dev) const {
+    if (dev == device() && is_contiguous()) return *this;
+    const tensor src = contiguous();
+    tensor out = empty_of(shape_, dev);
+    const std::size_t bytes = static_cast<std::size_t>(numel()) * sizeof(T);
+    if (bytes == 0) return out;
+    const ccgraph::device via = dev.is_cpu() ? src.device() : dev;
+    detail::require_device_runtime("tensor::to", via)
+        .copy(out.data_unsynced(), dev, src.data(), src.device(), bytes);
+    return out;
+  }
+  /// A copy on the host (or this tensor, when it is a contiguous host tensor).
+  tensor cpu() const { return to(ccgraph::device::cpu()); }
+  /// A copy on CUDA device `i`.
+  tensor cuda(int i = 0) const { return to(ccgraph::device::cuda(i)); }
 
   // ---- views (never wait; keep the pending state) ----
   /// A view with a new shape (one size may be -1); copies only when the layout requires it.
@@ -243,7 +274,7 @@ class tensor {
   }
   /// A contiguous copy.
   tensor clone() const {
-    tensor out = empty_of(shape_);
+    tensor out = empty_of(shape_, device());
     out.copy_(*this);
     return out;
   }
@@ -254,15 +285,27 @@ class tensor {
       CCGRAPH_CHECK(b == shape_, "copy_: source of shape ", shape_str(src.shape_),
                     " cannot be broadcast to destination shape ", shape_str(shape_));
     }
+    CCGRAPH_CHECK(src.device() == device(), "copy_: source on ", src.device(),
+                  " but destination on ", device(), "; move it with .to(device) first");
     const strides_t ss = detail_broadcast_strides(src, shape_);
     const T* s = src.data();
     T* d = data();
+    if (!device().is_cpu()) {
+      detail::launch_device_pointwise("copy_", device(), detail::tensor_kernel<T, 1>{s}, d, shape_,
+                                      std::array<strides_t, 2>{strides_, ss});
+      return *this;
+    }
     detail::for_each_offset<2>(shape_, {&strides_, &ss}, [&](auto o) { d[o[0]] = s[o[1]]; });
     return *this;
   }
   /// Fills every element with `value`, in place.
   tensor& fill_(T value) {
     T* d = data();
+    if (!device().is_cpu()) {
+      detail::launch_device_pointwise("fill_", device(), detail::scalar_kernel<T>{value}, d, shape_,
+                                      std::array<strides_t, 1>{strides_});
+      return *this;
+    }
     detail::for_each_offset<1>(shape_, {&strides_}, [&](auto o) { d[o[0]] = value; });
     return *this;
   }
@@ -286,10 +329,15 @@ class tensor {
       src_split.push_back(0);
       src_split.push_back(in_strides[i]);
     }
-    tensor out = empty_of(out_shape);
+    tensor out = empty_of(out_shape, device());
     const strides_t dst_split = contiguous_strides(split);
     const T* s = data();
     T* d = out.data_unsynced();
+    if (!device().is_cpu()) {
+      detail::launch_device_pointwise("repeat", device(), detail::tensor_kernel<T, 1>{s}, d, split,
+                                      std::array<strides_t, 2>{dst_split, src_split});
+      return out;
+    }
     detail::for_each_offset<2>(split, {&dst_split, &src_split}, [&](auto o) { d[o[0]] = s[o[1]]; });
     return out;
   }
@@ -309,10 +357,16 @@ class tensor {
   /// A copy converted to element type U.
   template <element U>
   tensor<U> to() const {
-    auto out = tensor<U>::empty(shape_);
+    auto out = tensor<U>::empty(shape_, device());
     const T* s = data();
     U* d = out.data_unsynced();
     const strides_t cs = contiguous_strides(shape_);
+    if (!device().is_cpu()) {
+      detail::launch_device_pointwise("to", device(),
+                                      detail::cast_kernel<U, detail::tensor_kernel<T, 1>>{{s}}, d,
+                                      shape_, std::array<strides_t, 2>{cs, strides_});
+      return out;
+    }
     detail::for_each_offset<2>(shape_, {&cs, &strides_}, [&](auto o) { d[o[0]] = detail::cast<U>(s[o[1]]); });
     return out;
   }
@@ -327,11 +381,11 @@ class tensor {
   }
 
  private:
-  static tensor empty_of(shape_t shape) {
+  static tensor empty_of(shape_t shape, ccgraph::device dev = ccgraph::device::cpu()) {
     for (auto s : shape)
       CCGRAPH_CHECK(s >= 0, "tensor: negative size in shape ", shape_str(shape));
     const auto n = numel_of(shape);
-    auto st = detail::storage::host(static_cast<std::size_t>(n) * sizeof(T));
+    auto st = detail::storage::allocate(dev, static_cast<std::size_t>(n) * sizeof(T));
     strides_t strides = contiguous_strides(shape);
     return tensor(std::move(st), std::move(shape), std::move(strides), 0);
   }
@@ -344,7 +398,7 @@ class tensor {
     tensor out = empty_of(std::move(shape));
     T* d = out.data_unsynced();
     for (std::size_t i = 0; i < count; ++i, ++first) d[i] = static_cast<T>(*first);
-    return out;
+    return default_device().is_cpu() ? out : out.to(default_device());
   }
 
   /// normalize_dim for ops that index into a dimension: a 0-d tensor has none (normalize_dim
@@ -430,10 +484,10 @@ tensor<T> arange(double start, double end, double step = 1.0) {
   CCGRAPH_CHECK(step != 0, "arange: step must be nonzero");
   const double span = (end - start) / step;
   const auto n = static_cast<std::int64_t>(span > 0 ? std::ceil(span) : 0);
-  auto t = tensor<T>::empty({n});
+  auto t = tensor<T>::empty({n}, device::cpu());
   T* d = t.data_unsynced();
   for (std::int64_t i = 0; i < n; ++i) d[i] = detail::cast<T>(start + static_cast<double>(i) * step);
-  return t;
+  return default_device().is_cpu() ? t : t.to(default_device());
 }
 /// The 1-d tensor [0, 1, ..., n-1].
 template <element T>

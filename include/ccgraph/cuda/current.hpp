@@ -1,0 +1,35 @@
+// ccgraph/cuda/current.hpp: the calling thread's compute stream, on which every device op a
+// rank issues (kernels, copies, GEMMs, allocations) is queued in issue order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace ccgraph::cuda {
+
+namespace detail {
+inline cudaStream_t& current_stream_slot() {
+  thread_local cudaStream_t s = cudaStreamPerThread;
+  return s;
+}
+}  // namespace detail
+
+/// The stream this thread's device work goes to: the rank's compute stream under run_gpus /
+/// init_from_env, else CUDA's per-thread default stream.
+inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
+
+/// Makes `s` this thread's current stream for the guard's lifetime (the executor uses this to
+/// run a graph's compute on its own stream, and capture uses it to record into a CUDA Graph).
+class stream_guard {
+ public:
+  explicit stream_guard(cudaStream_t s) : prev_(detail::current_stream_slot()) {
+    detail::current_stream_slot() = s;
+  }
+  stream_guard(const stream_guard&) = delete;
+  stream_guard& operator=(const stream_guard&) = delete;
+  ~stream_guard() { detail::current_stream_slot() = prev_; }
+
+ private:
+  cudaStream_t prev_;
+};
+
+}  // namespace ccgraph::cuda
