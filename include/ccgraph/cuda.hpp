@@ -4,8 +4,16 @@
 
 #include <ccgraph/ccgraph.hpp>
 
+#include <ccgraph/cuda/blas.hpp>
 #include <ccgraph/cuda/compat.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/graph.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
 #include <ccgraph/cuda/stream.hpp>
+
+// The element-wise kernels are CUDA C++ (__global__ functions): only nvcc can compile them. A
+// translation unit built by a plain C++ compiler still gets the rest of the CUDA backend; its
+// device expressions then fail with an error saying to compile it with nvcc.
+#if defined(__CUDACC__)
+#include <ccgraph/cuda/pointwise.cuh>
+#endif

@@ -1,0 +1,395 @@
+// ccgraph/cuda/blas.hpp: GEMM on row-major operands through cuBLASLt (the GEMM entry of
+// detail::device_runtime), and CCGRAPH_CHECK_CUBLAS. Plain C++: needs cuBLAS's headers and
+// libraries (CUDA::cublasLt, CUDA::cublas; ccgraph::cuda links both), not nvcc.
+#pragma once
+
+#include <ccgraph/core/device.hpp>
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/cuda/current.hpp>
+#include <ccgraph/cuda/error.hpp>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace ccgraph::cuda::detail {
+
+/// Throws cuda_error for a failed cuBLAS / cuBLASLt call: "file:line: call failed:
+/// CUBLAS_STATUS_X (text)". A failed GEMM can leave a CUDA error behind (an execution failure
+/// is reported by both): it is cleared, as throw_cuda_error does, so the next check is not
+/// blamed for it.
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call,
+                                            const char* file, int line) {
+  (void)cudaGetLastError();
+  throw ::ccgraph::cuda_error(::ccgraph::detail::concat(file, ":", line, ": ", call, " failed: ",
+                                                        cublasGetStatusName(status), " (",
+                                                        cublasGetStatusString(status), ")"));
+}
+
+}  // namespace ccgraph::cuda::detail
+
+/// Evaluates a cuBLAS or cuBLASLt call once; throws ccgraph::cuda_error naming the call, the
+/// place and cuBLAS's status name and text unless it returned CUBLAS_STATUS_SUCCESS.
+#define CCGRAPH_CHECK_CUBLAS(call)                                                        \
+  do {                                                                                    \
+    const ::cublasStatus_t ccgraph_cublas_status_ = (call);                               \
+    if (ccgraph_cublas_status_ != ::CUBLAS_STATUS_SUCCESS)                                \
+      ::ccgraph::cuda::detail::throw_cublas_error(ccgraph_cublas_status_, #call, __FILE__, \
+                                                  __LINE__);                              \
+  } while (0)
+
+namespace ccgraph::cuda::detail {
+
+/// Workspace given to every GEMM (per handle set and stream). cuBLAS(Lt) would otherwise
+/// allocate its own on first use, which breaks CUDA Graph capture; 32 MiB is what PyTorch
+/// gives cuBLAS on Hopper, enough for the split-K and stream-K kernels it picks.
+inline constexpr std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
+
+/// unique_ptr deleter calling a cuBLAS(Lt) destroy function; errors are dropped (a destructor
+/// cannot throw, and at exit the context may already be gone).
+template <class Handle, cublasStatus_t (*Destroy)(Handle)>
+struct cublas_deleter {
+  void operator()(Handle h) const noexcept { (void)Destroy(h); }
+};
+
+/// Owning pointer to the struct behind a cuBLAS(Lt) handle or descriptor.
+template <class Handle, cublasStatus_t (*Destroy)(Handle)>
+using unique_cublas = std::unique_ptr<std::remove_pointer_t<Handle>, cublas_deleter<Handle, Destroy>>;
+
+/// Owns device memory from cudaMalloc.
+struct blas_workspace_deleter {
+  void operator()(void* p) const noexcept { (void)cudaFree(p); }
+};
+using blas_workspace = std::unique_ptr<void, blas_workspace_deleter>;
+
+/// Makes `dev` the calling thread's current device for the guard's lifetime: cuBLAS works on
+/// the current device, and the caller may have another one current.
+class blas_device_guard {
+ public:
+  explicit blas_device_guard(int dev) {
+    CCGRAPH_CHECK_CUDA(cudaGetDevice(&prev_));
+    if (prev_ == dev) {
+      prev_ = -1;
+    } else {
+      CCGRAPH_CHECK_CUDA(cudaSetDevice(dev));
+    }
+  }
+  blas_device_guard(const blas_device_guard&) = delete;
+  blas_device_guard& operator=(const blas_device_guard&) = delete;
+  ~blas_device_guard() {
+    if (prev_ >= 0) (void)cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+/// Lets this thread make capture-unsafe calls (cudaMalloc, handle creation) for the guard's
+/// lifetime, also while one of its streams is being captured into a CUDA Graph. What is made
+/// under it (handles, workspaces) outlives every graph that uses it, so no captured work
+/// depends on it being replayed; without the guard, the first GEMM of a thread inside a capture
+/// would invalidate that capture.
+class blas_relaxed_capture_guard {
+ public:
+  blas_relaxed_capture_guard() { CCGRAPH_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  blas_relaxed_capture_guard(const blas_relaxed_capture_guard&) = delete;
+  blas_relaxed_capture_guard& operator=(const blas_relaxed_capture_guard&) = delete;
+  ~blas_relaxed_capture_guard() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+/// The cuBLAS types of one ccgraph dtype: data, scale (alpha/beta) and compute type.
+struct gemm_types {
+  cudaDataType_t data;
+  cudaDataType_t scale;
+  cublasComputeType_t compute;
+};
+
+/// The cuBLAS types for `dt`. f32 computes in plain fp32 (CUBLAS_COMPUTE_32F: no TF32, as
+/// PyTorch's default allow_tf32=False); bf16 and f16 read and write their own type and
+/// accumulate in fp32 with float alpha/beta. Other dtypes throw, naming gemm and the dtype.
+inline gemm_types gemm_types_of(dtype dt) {
+  switch (dt) {
+    case dtype::f32: return {CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    case dtype::f64: return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
+    case dtype::bf16: return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    case dtype::f16: return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    default: break;
+  }
+  CCGRAPH_THROW(::ccgraph::error, "gemm: dtype ", dt,
+                " is not supported on CUDA devices (f32, f64, bf16 and f16 are)");
+}
+
+/// Largest power of two up to 256 that divides the address: what cuBLASLt's heuristic must be
+/// told (it assumes 256 by default and may pick a kernel that faults on a view's offset pointer).
+inline std::uint32_t pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t align = 256;
+  while (align > 1 && address % align != 0) align /= 2;
+  return align;
+}
+
+/// What a cuBLASLt plan depends on: sizes, leading dims, types, transposes and the operands'
+/// alignment (the pointers themselves are not part of it).
+struct gemm_key {
+  std::int64_t m, n, k, lda, ldb, ldc;
+  dtype dt;
+  bool ta, tb;
+  std::uint32_t align_a, align_b, align_c;
+  friend bool operator==(const gemm_key&, const gemm_key&) = default;
+};
+
+/// Hash of a gemm_key (boost::hash_combine's mixing).
+struct gemm_key_hash {
+  std::size_t operator()(const gemm_key& key) const noexcept {
+    std::size_t h = 0;
+    auto mix = [&h](std::uint64_t v) {
+      h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    };
+    mix(static_cast<std::uint64_t>(key.m));
+    mix(static_cast<std::uint64_t>(key.n));
+    mix(static_cast<std::uint64_t>(key.k));
+    mix(static_cast<std::uint64_t>(key.lda));
+    mix(static_cast<std::uint64_t>(key.ldb));
+    mix(static_cast<std::uint64_t>(key.ldc));
+    mix((static_cast<std::uint64_t>(key.dt) << 2) | (key.ta ? 2u : 0u) | (key.tb ? 1u : 0u));
+    mix((static_cast<std::uint64_t>(key.align_a) << 40) |
+        (static_cast<std::uint64_t>(key.align_b) << 20) | key.align_c);
+    return h;
+  }
+};
+
+/// A cuBLASLt matmul for one gemm_key: the operation descriptor, the three matrix layouts and
+/// the algorithm the heuristic chose (none: the GEMM falls back to cublasGemmEx). In cuBLAS's
+/// column-major terms the operands are swapped (see gemm): `cu_a` describes our B, `cu_b` our A.
+struct gemm_plan {
+  unique_cublas<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> desc;
+  unique_cublas<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> cu_a, cu_b, cu_c;
+  cublasLtMatmulAlgo_t algo{};
+  bool has_algo = false;
+};
+
+/// Most plans kept per handle set; past it the cache starts over (a program with ever-changing
+/// shapes must not grow it without bound; rebuilding a plan costs a heuristic query, ~10 µs).
+inline constexpr std::size_t gemm_plan_cache_limit = 1024;
+
+/// One thread's cuBLAS state on one device: a cuBLASLt handle (and a cuBLAS handle, made only if
+/// a fallback needs it), a workspace per stream and the plan cache. Per thread, so no call
+/// locks; per stream workspaces, because two streams of one thread may run GEMMs at once
+/// (eager work and a replayed graph, say) and must not share scratch memory.
+class blas_context {
+ public:
+  /// Creates the cuBLASLt handle for device `dev`, which must be current.
+  explicit blas_context(int dev) : device_(dev) {
+    blas_relaxed_capture_guard relaxed;
+    cublasLtHandle_t h = nullptr;
+    CCGRAPH_CHECK_CUBLAS(cublasLtCreate(&h));
+    lt_.reset(h);
+  }
+
+  /// The device this state belongs to.
+  int device_index() const noexcept { return device_; }
+
+  /// The cuBLASLt handle.
+  cublasLtHandle_t lt() const noexcept { return lt_.get(); }
+
+  /// The cuBLAS handle, created on first use (it holds more device state than a Lt handle).
+  cublasHandle_t classic() {
+    if (!classic_) {
+      blas_relaxed_capture_guard relaxed;
+      cublasHandle_t h = nullptr;
+      CCGRAPH_CHECK_CUBLAS(cublasCreate(&h));
+      classic_.reset(h);
+    }
+    return classic_.get();
+  }
+
+  /// The gemm_workspace_bytes workspace for GEMMs queued on `s`, allocated on its first use.
+  void* workspace(cudaStream_t s) {
+    auto it = workspaces_.find(s);
+    if (it == workspaces_.end()) {
+      blas_relaxed_capture_guard relaxed;
+      void* p = nullptr;
+      CCGRAPH_CHECK_CUDA(cudaMalloc(&p, gemm_workspace_bytes));
+      it = workspaces_.emplace(s, blas_workspace(p)).first;
+    }
+    return it->second.get();
+  }
+
+  /// The plan for `key`, made (descriptors plus a heuristic query) on first use.
+  const gemm_plan& plan(const gemm_key& key) {
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    if (plans_.size() >= gemm_plan_cache_limit) plans_.clear();
+    return plans_.emplace(key, make_plan(key)).first->second;
+  }
+
+ private:
+  gemm_plan make_plan(const gemm_key& key) const {
+    const gemm_types t = gemm_types_of(key.dt);
+    gemm_plan plan;
+    cublasLtMatmulDesc_t desc = nullptr;
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc, t.compute, t.scale));
+    plan.desc.reset(desc);
+    // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS's A is our B, its B our A, and
+    // the row-major storage of each is already the transpose cuBLAS wants unless tb / ta.
+    const cublasOperation_t op_a = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
+                                                        sizeof(op_a)));
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                                        sizeof(op_b)));
+    // Layouts describe the stored (column-major) matrices, before the op.
+    auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+      cublasLtMatrixLayout_t l = nullptr;
+      CCGRAPH_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l, t.data, static_cast<std::uint64_t>(rows),
+                                                      static_cast<std::uint64_t>(cols), ld));
+      return unique_cublas<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>(l);
+    };
+    plan.cu_a = key.tb ? layout(key.k, key.n, key.ldb) : layout(key.n, key.k, key.ldb);
+    plan.cu_b = key.ta ? layout(key.m, key.k, key.lda) : layout(key.k, key.m, key.lda);
+    plan.cu_c = layout(key.n, key.m, key.ldc);
+
+    cublasLtMatmulPreference_t pref_raw = nullptr;
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_raw));
+    const unique_cublas<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> pref(pref_raw);
+    const std::uint64_t workspace = gemm_workspace_bytes;
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    const std::uint32_t align_cu_a = key.align_b, align_cu_b = key.align_a, align_c = key.align_c;
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_cu_a, sizeof(align_cu_a)));
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_cu_b, sizeof(align_cu_b)));
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+    CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt(), desc, plan.cu_a.get(), plan.cu_b.get(), plan.cu_c.get(), plan.cu_c.get(), pref_raw,
+        1, &result, &found);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+      plan.algo = result.algo;
+      plan.has_algo = true;
+    } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+      throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    }
+    return plan;
+  }
+
+  int device_;
+  // Destroyed bottom-up: plans, then workspaces (cudaFree waits for the GEMMs using them), then
+  // the handles.
+  unique_cublas<cublasLtHandle_t, cublasLtDestroy> lt_;
+  unique_cublas<cublasHandle_t, cublasDestroy> classic_;
+  std::unordered_map<cudaStream_t, blas_workspace> workspaces_;
+  std::unordered_map<gemm_key, gemm_plan, gemm_key_hash> plans_;
+};
+
+/// The calling thread's cuBLAS state for device `dev` (which must be current), created on first use
+/// and destroyed when the thread exits.
+inline blas_context& blas_context_for(int dev) {
+  thread_local std::vector<std::unique_ptr<blas_context>> contexts;
+  const auto i = static_cast<std::size_t>(dev);
+  if (contexts.size() <= i) contexts.resize(i + 1);
+  if (!contexts[i]) contexts[i] = std::make_unique<blas_context>(dev);
+  return *contexts[i];
+}
+
+/// Which cuBLAS entry point a GEMM uses: cuBLASLt with its heuristic's algorithm (falling back
+/// to cublasGemmEx when it offers none), or either one alone (tests compare them).
+enum class gemm_backend { automatic, lt, gemm_ex };
+
+/// gemm() through a chosen backend: the one implementation behind it.
+inline void gemm_with(gemm_backend backend, device dev, dtype dt, std::int64_t m, std::int64_t n,
+                      std::int64_t k, const void* a, std::int64_t lda, bool ta, const void* b,
+                      std::int64_t ldb, bool tb, void* c, std::int64_t ldc) {
+  // Argument checks first, before any CUDA call: they read like the call and need no GPU.
+  const gemm_types t = gemm_types_of(dt);
+  CCGRAPH_CHECK(dev.is_cuda(), "gemm: operands on ", dev, ", not a CUDA device");
+  CCGRAPH_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size (m=", m, ", n=", n, ", k=", k,
+                ")");
+  if (m == 0 || n == 0) return;
+  if (k > 0) {
+    CCGRAPH_CHECK(lda >= (ta ? m : k), "gemm: lda ", lda, " is less than the row length ",
+                  ta ? m : k, " of A stored as ", ta ? "[k,m]" : "[m,k]", " (m=", m, ", k=", k,
+                  ")");
+    CCGRAPH_CHECK(ldb >= (tb ? k : n), "gemm: ldb ", ldb, " is less than the row length ",
+                  tb ? k : n, " of B stored as ", tb ? "[n,k]" : "[k,n]", " (k=", k, ", n=", n,
+                  ")");
+  }
+  CCGRAPH_CHECK(ldc >= n, "gemm: ldc ", ldc, " is less than the row length ", n, " of C [m,n]");
+
+  const blas_device_guard on_device(dev.index);
+  const cudaStream_t stream = ::ccgraph::cuda::current_stream();
+  if (k == 0) {
+    // An empty sum: C = 0. Done here because cuBLASLt may reject k = 0.
+    const std::size_t es = element_size(dt);
+    CCGRAPH_CHECK_CUDA(cudaMemset2DAsync(c, static_cast<std::size_t>(ldc) * es, 0,
+                                         static_cast<std::size_t>(n) * es,
+                                         static_cast<std::size_t>(m), stream));
+    return;
+  }
+
+  blas_context& ctx = blas_context_for(dev.index);
+  void* workspace = ctx.workspace(stream);
+  const float one_f = 1.f, zero_f = 0.f;
+  const double one_d = 1.0, zero_d = 0.0;
+  const bool f64 = t.scale == CUDA_R_64F;
+  const void* alpha = f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
+  const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+
+  if (backend != gemm_backend::gemm_ex) {
+    const gemm_key key{m, n, k, lda, ldb, ldc, dt, ta, tb,
+                       pointer_alignment(a), pointer_alignment(b), pointer_alignment(c)};
+    const gemm_plan& plan = ctx.plan(key);
+    if (plan.has_algo) {
+      CCGRAPH_CHECK_CUBLAS(cublasLtMatmul(ctx.lt(), plan.desc.get(), alpha, b, plan.cu_a.get(), a,
+                                          plan.cu_b.get(), beta, c, plan.cu_c.get(), c,
+                                          plan.cu_c.get(), &plan.algo, workspace,
+                                          gemm_workspace_bytes, stream));
+      return;
+    }
+    CCGRAPH_CHECK(backend == gemm_backend::automatic, "gemm: cuBLASLt has no algorithm for ", dt,
+                  " m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                  " ta=", ta, " tb=", tb);
+  }
+
+  // cublasGemmEx: the same column-major swap. cublasSetStream resets the handle's workspace to
+  // cuBLAS's own pool, so the workspace is set again after it, every call.
+  const cublasHandle_t h = ctx.classic();
+  CCGRAPH_CHECK_CUBLAS(cublasSetStream(h, stream));
+  CCGRAPH_CHECK_CUBLAS(cublasSetWorkspace(h, workspace, gemm_workspace_bytes));
+  CCGRAPH_CHECK_CUBLAS(cublasGemmEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       n, m, k, alpha, b, t.data, ldb, a, t.data, lda, beta, c,
+                                       t.data, ldc, t.compute, CUBLAS_GEMM_DEFAULT));
+}
+
+/// Row-major GEMM on the current stream of the calling thread: C[m,n] = A[m,k] · B[k,n], where A
+/// has row stride lda (ta: A is stored transposed, as [k,m] with row stride lda), B likewise
+/// (tb: stored as [n,k]), and C has row stride ldc. f32 computes in full fp32 (no TF32); bf16
+/// and f16 accumulate in fp32; f64 in fp64; other dtypes throw ccgraph::error. Asynchronous
+/// like a kernel launch, and capturable into a CUDA Graph (fixed workspace, no allocation after
+/// a thread's first GEMM on a stream). Pointers may be any element-aligned views.
+/// This is the `gemm` entry of ccgraph::detail::device_runtime.
+inline void gemm(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                 const void* a, std::int64_t lda, bool ta, const void* b, std::int64_t ldb,
+                 bool tb, void* c, std::int64_t ldc) {
+  gemm_with(gemm_backend::automatic, dev, dt, m, n, k, a, lda, ta, b, ldb, tb, c, ldc);
+}
+
+}  // namespace ccgraph::cuda::detail
