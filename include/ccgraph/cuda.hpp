@@ -6,9 +6,12 @@
 
 #include <ccgraph/cuda/blas.hpp>
 #include <ccgraph/cuda/compat.hpp>
+#include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/graph.hpp>
+#include <ccgraph/cuda/nccl_backend.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
+#include <ccgraph/cuda/runtime.hpp>
 #include <ccgraph/cuda/stream.hpp>
 
 // The element-wise kernels are CUDA C++ (__global__ functions): only nvcc can compile them. A

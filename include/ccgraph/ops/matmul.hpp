@@ -22,7 +22,9 @@
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
-#if defined(__clang__)
+#if defined(__CUDACC__)
+#define CCGRAPH_DETAIL_UNROLL  // nvcc's front end rejects GCC's pragma; the host compiler unrolls anyway
+#elif defined(__clang__)
 #define CCGRAPH_DETAIL_UNROLL _Pragma("unroll")
 #elif defined(__GNUC__)
 #define CCGRAPH_DETAIL_UNROLL _Pragma("GCC unroll 16")

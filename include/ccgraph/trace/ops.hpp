@@ -142,11 +142,77 @@ inline std::string value_key(const value_ref& r) {
   return "%" + std::to_string(reinterpret_cast<std::uintptr_t>(r.src)) + "." + std::to_string(r.index);
 }
 
-/// Walks expression `x`, appending its instructions; returns {register, text, key}. A
+// Typed trees of traced expressions: the same expression type, each operand either computed
+// or read from one of the node's inputs, decided when the expression is recorded (a
+// sub-expression that is already a node is read, as in the program above). A device runs one
+// kernel generated from the tree; `load(p, o, i)` reads input s at p[s][o[s + 1] + i].
+
+/// A traced tree leaf: the node's input `slot`.
+template <class T>
+struct traced_slot {
+  int slot = -1;
+  CCGRAPH_HOST_DEVICE T load(const T* const* p, const std::int64_t* o, std::int64_t i) const {
+    return p[slot][o[slot + 1] + i];
+  }
+};
+/// A traced tree leaf: a scalar.
+template <class T>
+struct traced_scalar {
+  T v;
+  CCGRAPH_HOST_DEVICE T load(const T* const*, const std::int64_t*, std::int64_t) const { return v; }
+};
+/// A traced op: computed from its operands, or read from input `slot` when that is >= 0.
+template <class T, class Op, class... Ks>
+struct traced_op;
+template <class T, class Op, class K0>
+struct traced_op<T, Op, K0> {
+  int slot = -1;
+  K0 a;
+  CCGRAPH_HOST_DEVICE T load(const T* const* p, const std::int64_t* o, std::int64_t i) const {
+    return slot >= 0 ? p[slot][o[slot + 1] + i] : Op::apply(a.load(p, o, i));
+  }
+};
+template <class T, class Op, class K0, class K1>
+struct traced_op<T, Op, K0, K1> {
+  int slot = -1;
+  K0 a;
+  K1 b;
+  CCGRAPH_HOST_DEVICE T load(const T* const* p, const std::int64_t* o, std::int64_t i) const {
+    return slot >= 0 ? p[slot][o[slot + 1] + i] : Op::apply(a.load(p, o, i), b.load(p, o, i));
+  }
+};
+
+/// The traced tree type of expression X over element type T.
+template <class T, class X>
+struct traced_tree {
+  using type = traced_scalar<T>;  // scalar leaves
+};
+template <class T, class U>
+struct traced_tree<T, symbolic_leaf<U>> {
+  using type = traced_slot<T>;
+};
+template <class T, class Op, class... Args>
+struct traced_tree<T, pointwise_expr<Op, Args...>> {
+  using type = traced_op<T, Op, typename traced_tree<T, Args>::type...>;
+};
+template <class T, class X>
+using traced_tree_t = typename traced_tree<T, std::remove_cvref_t<X>>::type;
+
+/// What record_expr returns for one sub-expression: its register in the program, its text,
+/// its memo key, and its typed tree.
+template <class T, class X>
+struct recorded_part {
+  int reg;
+  std::string text;
+  std::string key;
+  traced_tree_t<T, X> tree;
+};
+
+/// Walks expression `x`, appending its instructions; returns its register, text, key and tree. A
 /// sub-expression already recorded as a node (its key is in the trace's memo) is read as that
 /// node's value instead of being recomputed: a value used by several consumers is computed once.
 template <class T, class X>
-std::tuple<int, std::string, std::string> record_expr(const X& x, recorded_expr<T>& rec, const trace_state& st) {
+recorded_part<T, X> record_expr(const X& x, recorded_expr<T>& rec, const trace_state& st) {
   using P = pointwise_program<T>;
   auto load_input = [&](const value_ref& r) {
     std::size_t i = 0;
@@ -155,17 +221,19 @@ std::tuple<int, std::string, std::string> record_expr(const X& x, recorded_expr<
     typename P::instr ins;
     ins.input = static_cast<int>(i);
     rec.program.code.push_back(ins);
-    return std::tuple<int, std::string, std::string>{static_cast<int>(rec.program.code.size()) - 1,
-                                                      "%" + std::to_string(i), value_key(r)};
+    return std::tuple<int, std::string, std::string, int>{static_cast<int>(rec.program.code.size()) - 1,
+                                                           "%" + std::to_string(i), value_key(r),
+                                                           static_cast<int>(i)};
   };
   if constexpr (is_symbolic_leaf_v<X>) {
-    return load_input(x.value.ref());
+    auto [reg, text, key, slot] = load_input(x.value.ref());
+    return {reg, text, key, traced_slot<T>{slot}};
   } else if constexpr (is_scalar_leaf_v<X>) {
     typename P::instr ins;
     ins.scalar = x.value;
     rec.program.code.push_back(ins);
     const std::string text = scalar_text(x.value);
-    return {static_cast<int>(rec.program.code.size()) - 1, text, text};
+    return {static_cast<int>(rec.program.code.size()) - 1, text, text, traced_scalar<T>{x.value}};
   } else if constexpr (is_tensor_leaf_v<X>) {
     CCGRAPH_THROW(error, "trace: a pointwise expression mixes a traced value with a concrete tensor of shape ",
                   shape_str(x.value.shape()), "; pass the tensor to the traced function as an input");
@@ -179,22 +247,25 @@ std::tuple<int, std::string, std::string> record_expr(const X& x, recorded_expr<
     key += '(';
     std::vector<int> regs;
     bool first = true;
-    std::apply(
-        [&](const auto&... a) {
-          ((
-               [&] {
-                 auto [r, t, k] = record_expr<T>(a, scratch, st);
-                 regs.push_back(r);
-                 text += (first ? "" : ", ") + t;
-                 key += (first ? "" : ", ") + k;
-                 first = false;
-               }()),
-           ...);
-        },
-        x.args());
+    traced_tree_t<T, X> tree{};
+    auto part = [&](const auto& a) {
+      auto r = record_expr<T>(a, scratch, st);
+      regs.push_back(r.reg);
+      text += (first ? "" : ", ") + r.text;
+      key += (first ? "" : ", ") + r.key;
+      first = false;
+      return r.tree;
+    };
+    const auto& args = x.args();
+    tree.a = part(std::get<0>(args));
+    if constexpr (Op::arity == 2) tree.b = part(std::get<1>(args));
     text += ')';
     key += ')';
-    if (auto it = st.pointwise_memo.find(key); it != st.pointwise_memo.end()) return load_input(it->second);
+    if (auto it = st.pointwise_memo.find(key); it != st.pointwise_memo.end()) {
+      auto [reg, t, k, slot] = load_input(it->second);
+      tree.slot = slot;
+      return {reg, t, k, tree};
+    }
     rec = std::move(scratch);
     typename P::instr ins;
     ins.fn = &P::template apply_block<Op>;
@@ -203,26 +274,68 @@ std::tuple<int, std::string, std::string> record_expr(const X& x, recorded_expr<
     rec.program.code.push_back(ins);
     if (std::find(rec.op_names.begin(), rec.op_names.end(), Op::name) == rec.op_names.end())
       rec.op_names.emplace_back(Op::name);
-    return {static_cast<int>(rec.program.code.size()) - 1, text, key};
+    return {static_cast<int>(rec.program.code.size()) - 1, text, key, tree};
   }
 }
 
-/// Replays a recorded expression on the node's inputs.
-template <class T>
+/// A traced tree with the node's input pointers: the kernel tree a device runs (M: the most
+/// inputs the expression can have, one per symbolic leaf).
+template <class T, class Tree, std::size_t M>
+struct traced_kernel {
+  std::array<const T*, M> p;
+  Tree t;
+  CCGRAPH_HOST_DEVICE T load(const std::int64_t* o, std::int64_t i) const { return t.load(p.data(), o, i); }
+};
+
+/// Replays a recorded expression on the node's inputs: the block program on the host, the
+/// typed tree as one generated kernel on a device.
+template <class T, class Tree, std::size_t M>
 struct traced_pointwise_kernel final : pointwise_kernel {
   pointwise_program<T> program;
-  explicit traced_pointwise_kernel(pointwise_program<T> p) : program(std::move(p)) {}
+  Tree tree;
+  traced_pointwise_kernel(pointwise_program<T> p, Tree t) : program(std::move(p)), tree(t) {}
   any_tensor run(const std::vector<any_tensor>& inputs) const override {
-    std::vector<tensor<T>> ins;
-    ins.reserve(inputs.size());
-    for (auto& t : inputs) ins.push_back(get_tensor<T>(t, "pointwise"));
+    const auto ins = unpack(inputs);
+    if (!ins.at(0).device().is_cpu()) {
+      shape_t shape = ins[0].shape();
+      for (auto& t : ins) shape = broadcast_shapes(shape, t.shape(), "pointwise");
+      auto out = tensor<T>::empty(shape, ins[0].device());
+      run_device(ins, out);
+      return out;
+    }
     return program.run(ins);
   }
   void run_into(const std::vector<any_tensor>& inputs, const any_tensor& out) const override {
+    const auto ins = unpack(inputs);
+    const tensor<T>& o = get_tensor<T>(out, "pointwise");
+    if (!o.device().is_cpu()) return run_device(ins, o);
+    program.run_into(ins, o);
+  }
+
+ private:
+  static std::vector<tensor<T>> unpack(const std::vector<any_tensor>& inputs) {
     std::vector<tensor<T>> ins;
     ins.reserve(inputs.size());
     for (auto& t : inputs) ins.push_back(get_tensor<T>(t, "pointwise"));
-    program.run_into(ins, get_tensor<T>(out, "pointwise"));
+    return ins;
+  }
+  void run_device(const std::vector<tensor<T>>& ins, const tensor<T>& out) const {
+    CCGRAPH_CHECK(ins.size() <= M, "pointwise: ", ins.size(), " inputs for an expression of ", M, " operands");
+    traced_kernel<T, Tree, M> k{{}, tree};
+    std::array<strides_t, M + 1> strides;
+    strides[0] = out.strides();
+    for (std::size_t j = 0; j < M; ++j) {
+      if (j < ins.size()) {
+        CCGRAPH_CHECK(ins[j].device() == out.device(), "pointwise: input ", j, " on ", ins[j].device(),
+                      " but the result is on ", out.device());
+        strides[j + 1] = tensor<T>::detail_broadcast_strides(ins[j], out.shape());
+        k.p[j] = ins[j].data();  // orders this stream after a collective still writing it
+      } else {
+        strides[j + 1] = strides_t(out.shape().size(), 0);
+        k.p[j] = nullptr;
+      }
+    }
+    launch_device_pointwise("pointwise", out.device(), k, out.data(), out.shape(), strides);
   }
 };
 
@@ -234,14 +347,18 @@ symbolic<typename E::value_type> materialize(const E& e) {
   trace_state* state = current_trace_ptr();
   CCGRAPH_CHECK(state != nullptr, "pointwise: a symbolic value used outside of cg::trace");
   recorded_expr<T> rec;
-  auto [reg, text, key] = record_expr<T>(e, rec, *state);
-  (void)reg;
+  auto part = record_expr<T>(e, rec, *state);
+  const std::string& text = part.text;
+  const std::string& key = part.key;
   if (auto it = state->pointwise_memo.find(key); it != state->pointwise_memo.end())
     return symbolic<T>(state, it->second);
   if (rec.op_names.empty()) return symbolic<T>(state, rec.inputs.at(0));  // the whole expression was a node
   std::string fused = "fused";
   for (auto& n : rec.op_names) fused += "_" + n;
-  ops::pointwise op{fused, text, std::make_shared<traced_pointwise_kernel<T>>(std::move(rec.program))};
+  constexpr std::size_t max_inputs = structure<E>::tensor_leaves;
+  ops::pointwise op{fused, text,
+                    std::make_shared<traced_pointwise_kernel<T, traced_tree_t<T, E>, max_inputs>>(
+                        std::move(rec.program), part.tree)};
   node* n = state->g.add(std::move(op), rec.inputs, {}, E::op_type::name);
   state->pointwise_memo.emplace(key, value_ref{n, 0});
   return symbolic<T>(state, {n, 0});

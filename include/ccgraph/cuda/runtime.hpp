@@ -1,0 +1,161 @@
+// ccgraph/cuda/runtime.hpp: the CUDA device runtime behind device tensors: stream-ordered
+// caching allocation (CUDA's memory pools), copies, synchronisation with a watchdog, GEMM.
+// Including this header installs it (see detail::device_runtime in tensor/device_runtime.hpp).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <ccgraph/core/device.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/cuda/blas.hpp>
+#include <ccgraph/cuda/current.hpp>
+#include <ccgraph/cuda/error.hpp>
+#include <ccgraph/tensor/device_runtime.hpp>
+
+#include <cuda_runtime_api.h>
+
+namespace ccgraph::cuda {
+
+namespace detail {
+
+/// Makes `dev` the current CUDA device for the scope (a no-op when it already is).
+class device_scope {
+ public:
+  explicit device_scope(int dev) {
+    CCGRAPH_CHECK_CUDA(cudaGetDevice(&prev_));
+    if (prev_ != dev) CCGRAPH_CHECK_CUDA(cudaSetDevice(dev));
+    set_ = prev_ != dev;
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  ~device_scope() {
+    if (set_) (void)cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool set_ = false;
+};
+
+/// What a blocking wait on this thread checks while it polls: a rank's backend installs a
+/// hook that fails fast on a communicator error and aborts after its timeout, so a peer that
+/// died or never arrived gives an error instead of a hang. Null: wait without one.
+struct wait_watchdog {
+  /// Called while polling with the time waited so far; throws to give up.
+  std::function<void(std::chrono::steady_clock::duration, const char* what)> check;
+};
+inline wait_watchdog*& current_watchdog() {
+  thread_local wait_watchdog* w = nullptr;
+  return w;
+}
+
+/// Blocks until everything queued on `s` has run. Polls (rather than cudaStreamSynchronize,
+/// which cannot be interrupted) so the rank's watchdog can abort a collective that never ends.
+inline void wait_stream(cudaStream_t s, const char* what) {
+  wait_watchdog* w = current_watchdog();
+  if (!w) {
+    CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    const cudaError_t st = cudaStreamQuery(s);
+    if (st == cudaSuccess) return;
+    if (st != cudaErrorNotReady) CCGRAPH_CHECK_CUDA(st);
+    w->check(std::chrono::steady_clock::now() - start, what);
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+/// Keeps freed blocks in CUDA's default memory pool of each device used (the pool's release
+/// threshold at its maximum), so steady-state allocation never reaches the driver: the
+/// stream-ordered equivalent of PyTorch's caching allocator, and capturable in CUDA Graphs.
+inline void configure_pool(int dev) {
+  static constexpr int max_devices = 64;
+  static bool done[max_devices] = {};
+  static std::mutex mu;
+  std::lock_guard lk(mu);
+  if (dev < 0 || dev >= max_devices || done[dev]) return;
+  cudaMemPool_t pool = nullptr;
+  CCGRAPH_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+  std::uint64_t threshold = UINT64_MAX;
+  CCGRAPH_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  done[dev] = true;
+}
+
+inline void* allocate(device dev, std::size_t bytes) {
+  device_scope scope(dev.index);
+  configure_pool(dev.index);
+  void* p = nullptr;
+  const cudaError_t st = cudaMallocAsync(&p, bytes, current_stream());
+  if (st != cudaSuccess) {
+    (void)cudaGetLastError();
+    CCGRAPH_THROW(::ccgraph::cuda_error, "tensor allocation: cudaMallocAsync of ", bytes,
+                  " bytes on ", dev, " failed: ", cudaGetErrorName(st), " (",
+                  cudaGetErrorString(st), ")");
+  }
+  return p;
+}
+
+inline void deallocate(device dev, void* p, std::size_t) {
+  // Freed in the order of this thread's stream: blocks go back to the pool once the work
+  // queued so far (the last users) has run. Errors are dropped: destructors cannot throw, and
+  // at exit the context may be gone.
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) return;
+  if (cur != dev.index) (void)cudaSetDevice(dev.index);
+  (void)cudaFreeAsync(p, current_stream());
+  if (cur != dev.index) (void)cudaSetDevice(cur);
+}
+
+inline void copy(void* dst, device dst_dev, const void* src, device src_dev, std::size_t bytes) {
+  const device on = dst_dev.is_cuda() ? dst_dev : src_dev;
+  device_scope scope(on.index);
+  CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream()));
+  if (dst_dev.is_cpu()) wait_stream(current_stream(), "copy to host");
+}
+
+inline void synchronize(device dev) {
+  device_scope scope(dev.index);
+  wait_stream(current_stream(), "synchronize");
+}
+
+inline void gemm_entry(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const void* a, std::int64_t lda, bool ta, const void* b, std::int64_t ldb,
+                       bool tb, void* c, std::int64_t ldc) {
+  device_scope scope(dev.index);
+  gemm(dev, dt, m, n, k, a, lda, ta, b, ldb, tb, c, ldc);
+}
+
+inline const ::ccgraph::detail::device_runtime runtime_table{&allocate, &deallocate, &copy,
+                                                             &synchronize, &gemm_entry};
+
+/// Installs the CUDA runtime for device tensors (at static initialisation of every translation
+/// unit that includes this header; idempotent).
+inline const bool runtime_installed = [] {
+  ::ccgraph::detail::device_runtime_slot() = &runtime_table;
+  return true;
+}();
+
+}  // namespace detail
+
+/// Blocks until all work this thread queued on its current stream has run (with the rank's
+/// watchdog under run_gpus / init_from_env).
+inline void synchronize() { detail::wait_stream(current_stream(), "cuda::synchronize"); }
+
+/// Number of CUDA devices visible (0 when there is no GPU or no driver).
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace ccgraph::cuda

@@ -1,0 +1,260 @@
+// The nccl backend and device tensors: every result is compared with the CPU (threads)
+// backend's on the same inputs, on 1 and 2 GPUs. Cases that need a GPU (or two) are skipped
+// without them.
+#include <ccgraph/cuda.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cg = ccgraph;
+
+namespace {
+
+int gpus() {
+  static const int n = cg::cuda::device_count();
+  return n;
+}
+
+#define GPU_TEST_CASE(name) TEST_CASE(name * doctest::skip(gpus() < 1))
+
+/// Host values of a tensor as doubles (any element type).
+template <class T>
+std::vector<double> values(const cg::tensor<T>& t) {
+  std::vector<double> out;
+  for (auto v : t.to_vector()) out.push_back(static_cast<double>(static_cast<float>(v)));
+  return out;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol,
+                 const std::string& what) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << " want " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) <= tol * (1.0 + std::abs(want[i])));
+  }
+}
+
+/// Named results of one rank.
+using results = std::map<std::string, std::vector<double>>;
+
+/// Runs `fn` on n ranks of the threads backend and of the nccl backend and compares every
+/// named result of every rank.
+template <class F>
+void same_as_threads(int n, F fn, double tol = 0) {
+  std::vector<results> cpu(static_cast<std::size_t>(n)), gpu(static_cast<std::size_t>(n));
+  cg::run_threads(n, [&](cg::rank_context& ctx) { cpu[static_cast<std::size_t>(ctx.rank())] = fn(ctx); });
+  cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) {
+    CHECK(ctx.device() == cg::device::cuda(ctx.rank()));
+    gpu[static_cast<std::size_t>(ctx.rank())] = fn(ctx);
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto& c = cpu[static_cast<std::size_t>(r)];
+    const auto& g = gpu[static_cast<std::size_t>(r)];
+    REQUIRE(c.size() == g.size());
+    for (auto& [name, want] : c) {
+      REQUIRE(g.count(name) == 1);
+      check_close(g.at(name), want, tol, "rank " + std::to_string(r) + " of " + std::to_string(n) + ": " + name);
+    }
+  }
+}
+
+/// Every functional collective on float inputs that differ per rank.
+results collective_suite(cg::rank_context& ctx) {
+  const int r = ctx.rank(), n = ctx.world_size();
+  const auto w = ctx.world();
+  results out;
+  auto x = cg::arange<float>(0, 8 * n) .reshape({2 * n, 4});
+  x = x + static_cast<float>(100 * r);
+  out["all_reduce.sum"] = values(cg::all_reduce(x, "sum", w));
+  out["all_reduce.max"] = values(cg::all_reduce(x, "max", w));
+  out["all_reduce.avg"] = values(cg::all_reduce(x, cg::reduce_op::avg, w));
+  out["all_reduce.expr"] = values(cg::all_reduce(cg::relu(x) * 0.5f, "sum", w));
+  out["all_gather.dim0"] = values(cg::all_gather_tensor(x, 0, w));
+  out["all_gather.dim1"] = values(cg::all_gather_tensor(x, 1, w));
+  out["reduce_scatter.dim0"] = values(cg::reduce_scatter_tensor(x, "sum", 0, w));
+  out["reduce_scatter.dim1"] = values(cg::reduce_scatter_tensor(x.transpose(0, 1).contiguous(), "sum", 1, w));
+  out["all_to_all.equal"] = values(cg::all_to_all_single(x, std::nullopt, std::nullopt, w));
+  {
+    // Uneven splits: rank r sends r+1 rows to each peer... sizes agree pairwise.
+    std::vector<std::int64_t> in_splits(static_cast<std::size_t>(n)), out_splits(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      in_splits[static_cast<std::size_t>(j)] = 1 + j;  // what I send to j: j+1 rows
+      out_splits[static_cast<std::size_t>(j)] = 1 + r;  // what j sends me: r+1 rows
+    }
+    std::int64_t rows = 0;
+    for (auto s : in_splits) rows += s;
+    auto y = cg::arange<float>(0, static_cast<double>(rows * 3)).reshape({rows, 3}) + static_cast<float>(10 * r);
+    out["all_to_all.uneven"] = values(cg::all_to_all_single(cg::tensor<float>(y), out_splits, in_splits, w));
+  }
+  out["broadcast.src0"] = values(cg::broadcast(x, 0, w));
+  out["broadcast.srclast"] = values(cg::broadcast(x, n - 1, w));
+  {
+    std::vector<int> shift(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) shift[static_cast<std::size_t>(i)] = (i + 1) % n;
+    out["permute.shift"] = values(cg::permute_tensor(x, shift, w));
+  }
+  {
+    std::vector<cg::tensor<float>> ts{x, x * 2.f, cg::tensor<float>(x.narrow(0, 0, n) + 1.f)};
+    auto rs = cg::all_reduce_coalesced(ts, "sum", w);
+    for (std::size_t i = 0; i < rs.size(); ++i) out["all_reduce_coalesced." + std::to_string(i)] = values(rs[i]);
+    auto gs = cg::all_gather_into_tensor_coalesced(ts, w);
+    for (std::size_t i = 0; i < gs.size(); ++i) out["all_gather_coalesced." + std::to_string(i)] = values(gs[i]);
+  }
+  {
+    auto y = cg::tensor<float>(x * 1.f);
+    cg::all_reduce_(y, "sum", w);
+    out["all_reduce_.in_place"] = values(y);
+  }
+  {
+    auto xb = x.to<cg::bf16>();
+    out["all_reduce.bf16"] = values(cg::all_reduce(xb, "sum", w));
+    auto xi = x.to<std::int32_t>();
+    out["all_reduce.i32.min"] = values(cg::all_reduce(xi, "min", w));
+  }
+  // A group of one rank (each rank its own), by MPMD lists.
+  {
+    std::vector<std::vector<int>> singles;
+    for (int i = 0; i < n; ++i) singles.push_back({i});
+    out["all_reduce.singleton_groups"] = values(cg::all_reduce(x, "sum", cg::group{singles}));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nccl.device_present") {
+  if (gpus() < 1) MESSAGE("no CUDA device: the nccl backend cases are skipped");
+  if (gpus() == 1) MESSAGE("one CUDA device: the two-rank cases are skipped");
+}
+
+GPU_TEST_CASE("device_tensor.round_trip_and_factories") {
+  cg::device_guard on(cg::device::cuda(0));
+  auto a = cg::tensor<float>::from({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(a.device() == cg::device::cuda(0));
+  CHECK(a.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6});
+  auto h = a.cpu();
+  CHECK(h.device().is_cpu());
+  auto z = cg::zeros<float>({3});
+  CHECK(z.to_vector() == std::vector<float>{0, 0, 0});
+  auto r = cg::arange<std::int64_t>(5);
+  CHECK(r.to_vector() == std::vector<std::int64_t>{0, 1, 2, 3, 4});
+  CHECK(cg::full<float>({1}, 7.f).item() == 7.f);
+  CHECK_THROWS_AS((void)a.at({0, 0}), cg::error);
+}
+
+GPU_TEST_CASE("device_tensor.pointwise_views_and_casts_match_cpu") {
+  const auto ha = cg::uniform<float>({33, 65}, -2, 2, 1);
+  const auto hb = cg::uniform<float>({65}, -2, 2, 2);
+  cg::device_guard on(cg::device::cuda(0));
+  const auto a = ha.cuda(0), b = hb.cuda(0);
+  // flat, broadcast row, transposed operand, scalar mix
+  check_close(values(cg::tensor<float>(cg::gelu(a) * 2.f - cg::relu(a))),
+              values(cg::tensor<float>(cg::gelu(ha) * 2.f - cg::relu(ha))), 1e-6, "flat");
+  check_close(values(cg::tensor<float>(a + b)), values(cg::tensor<float>(ha + hb)), 0, "broadcast");
+  check_close(values(cg::tensor<float>(cg::silu(a.transpose(0, 1)))),
+              values(cg::tensor<float>(cg::silu(ha.transpose(0, 1)))), 1e-6, "transposed");
+  check_close(values(a.transpose(0, 1).contiguous()), values(ha.transpose(0, 1).contiguous()), 0, "contiguous");
+  check_close(values(a.to<cg::bf16>()), values(ha.to<cg::bf16>()), 0, "to bf16");
+  check_close(values(a.repeat({2, 1})), values(ha.repeat({2, 1})), 0, "repeat");
+  check_close(values(cg::cat({a, cg::tensor<float>(a * 3.f)}, 1)), values(cg::cat({ha, cg::tensor<float>(ha * 3.f)}, 1)), 0, "cat");
+  auto c = cg::zeros<float>({33, 65});
+  cg::copy(c, a.narrow(0, 0, 1));
+  check_close(values(c), values(ha.narrow(0, 0, 1).repeat({33, 1})), 0, "copy broadcast");
+  const auto ab = a.to<cg::bf16>();
+  const auto hab = ha.to<cg::bf16>();
+  check_close(values(cg::tensor<cg::bf16>(cg::silu(ab) * ab)), values(cg::tensor<cg::bf16>(cg::silu(hab) * hab)),
+              1e-2, "bf16 chain");
+}
+
+GPU_TEST_CASE("device_tensor.matmul_matches_cpu") {
+  const auto ha = cg::uniform<float>({37, 61}, -1, 1, 3);
+  const auto hb = cg::uniform<float>({61, 53}, -1, 1, 4);
+  cg::device_guard on(cg::device::cuda(0));
+  const auto a = ha.cuda(0), b = hb.cuda(0);
+  check_close(values(cg::matmul(a, b)), values(cg::matmul(ha, hb)), 1e-4, "f32");
+  check_close(values(cg::matmul(b.transpose(0, 1), a.transpose(0, 1))),
+              values(cg::matmul(hb.transpose(0, 1), ha.transpose(0, 1))), 1e-4, "transposed operands");
+  check_close(values(cg::matmul(a.to<cg::bf16>(), b.to<cg::bf16>())),
+              values(cg::matmul(ha.to<cg::bf16>(), hb.to<cg::bf16>())), 2e-2, "bf16");
+  // batched with a broadcast batch dim, and a vector operand
+  const auto hc = cg::uniform<float>({3, 37, 61}, -1, 1, 5);
+  check_close(values(cg::matmul(hc.cuda(0), b)), values(cg::matmul(hc, hb)), 1e-4, "batched");
+  const auto hv = cg::uniform<float>({61}, -1, 1, 6);
+  check_close(values(cg::matmul(a, hv.cuda(0))), values(cg::matmul(ha, hv)), 1e-4, "matrix-vector");
+}
+
+GPU_TEST_CASE("device_tensor.mixed_devices_are_errors") {
+  cg::device_guard on(cg::device::cuda(0));
+  auto a = cg::ones<float>({4});
+  auto h = cg::tensor<float>::empty({4}, cg::device::cpu());
+  CHECK_THROWS_WITH_AS((void)cg::tensor<float>(a + h), doctest::Contains("on cpu"), cg::error);
+  CHECK_THROWS_AS(h.copy_(a), cg::error);
+}
+
+GPU_TEST_CASE("nccl.collectives_match_threads_backend.1_gpu") { same_as_threads(1, collective_suite); }
+
+TEST_CASE("nccl.collectives_match_threads_backend.2_gpus" * doctest::skip(gpus() < 2)) {
+  same_as_threads(2, collective_suite);
+}
+
+TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(gpus() < 2)) {
+  same_as_threads(2, [](cg::rank_context& ctx) {
+    results out;
+    auto x = cg::full<float>({4}, static_cast<float>(ctx.rank() + 1));
+    cg::device_mesh mesh({1, 2});
+    out["mesh.dim1"] = values(cg::all_reduce(x, "sum", cg::group{mesh, 1}));
+    out["mesh.dim0"] = values(cg::all_reduce(x, "sum", cg::group{mesh, 0}));
+    ctx.register_group("pair", {1, 0});
+    out["named.reversed"] = values(cg::all_gather_tensor(x, 0, cg::group{std::string("pair")}));
+    return out;
+  });
+}
+
+TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(gpus() < 2)) {
+  cg::cuda::nccl_options opt;
+  opt.timeout = std::chrono::milliseconds(3000);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(
+                           2,
+                           [](cg::rank_context& ctx) {
+                             if (ctx.rank() == 1) return;  // never issues the all_reduce
+                             auto y = cg::all_reduce(cg::ones<float>({1024}), "sum", ctx.world());
+                             (void)y.to_vector();
+                           },
+                           opt),
+                       doctest::Contains("all_reduce"), cg::timeout_error);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("nccl.failing_rank_aborts_its_peers.2_gpus" * doctest::skip(gpus() < 2)) {
+  std::string peer;
+  std::mutex mu;
+  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(2,
+                                          [&](cg::rank_context& ctx) {
+                                            if (ctx.rank() == 1) throw std::runtime_error("rank one broke");
+                                            try {
+                                              auto y = cg::all_reduce(cg::ones<float>({8}), "sum", ctx.world());
+                                              (void)y.to_vector();
+                                            } catch (const cg::error& e) {
+                                              std::lock_guard lk(mu);
+                                              peer = e.what();
+                                              throw;
+                                            }
+                                          }),
+                       "rank one broke", std::runtime_error);
+  CHECK(peer.find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("nccl.run_gpus_rejects_more_ranks_than_gpus") {
+  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(gpus() + 1, [](cg::rank_context&) {}),
+                       doctest::Contains("CUDA device"), cg::error);
+}
