@@ -178,7 +178,9 @@ GPU_TEST_CASE("device_tensor.pointwise_views_and_casts_match_cpu") {
 GPU_TEST_CASE("device_tensor.matmul_matches_cpu") {
   const auto ha = cg::uniform<float>({37, 61}, -1, 1, 3);
   const auto hb = cg::uniform<float>({61, 53}, -1, 1, 4);
-  cg::device_guard on(cg::device::cuda(0));
+  const auto hc = cg::uniform<float>({3, 37, 61}, -1, 1, 5);
+  const auto hv = cg::uniform<float>({61}, -1, 1, 6);
+  cg::device_guard on(cg::device::cuda(0));  // factories below create on the GPU
   const auto a = ha.cuda(0), b = hb.cuda(0);
   check_close(values(cg::matmul(a, b)), values(cg::matmul(ha, hb)), 1e-4, "f32");
   check_close(values(cg::matmul(b.transpose(0, 1), a.transpose(0, 1))),
@@ -186,9 +188,7 @@ GPU_TEST_CASE("device_tensor.matmul_matches_cpu") {
   check_close(values(cg::matmul(a.to<cg::bf16>(), b.to<cg::bf16>())),
               values(cg::matmul(ha.to<cg::bf16>(), hb.to<cg::bf16>())), 2e-2, "bf16");
   // batched with a broadcast batch dim, and a vector operand
-  const auto hc = cg::uniform<float>({3, 37, 61}, -1, 1, 5);
   check_close(values(cg::matmul(hc.cuda(0), b)), values(cg::matmul(hc, hb)), 1e-4, "batched");
-  const auto hv = cg::uniform<float>({61}, -1, 1, 6);
   check_close(values(cg::matmul(a, hv.cuda(0))), values(cg::matmul(ha, hv)), 1e-4, "matrix-vector");
 }
 

@@ -298,6 +298,13 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req));
   }
 
+  /// The calling thread's stream waits for everything launched on the communication stream.
+  void join() override {
+    shared_event e = make_event();
+    CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
+    CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
+  }
+
   /// Throws the error this rank reports once the world is aborted (or this rank timed out).
   void fail_if_aborted() const {
     if (local_failure_.empty() && !world_->aborted()) return;

@@ -132,8 +132,46 @@ inline void gemm_entry(device dev, dtype dt, std::int64_t m, std::int64_t n, std
   gemm(dev, dt, m, n, k, a, lda, ta, b, ldb, tb, c, ldc);
 }
 
-inline const ::ccgraph::detail::device_runtime runtime_table{&allocate, &deallocate, &copy,
-                                                             &synchronize, &gemm_entry};
+inline void capture_begin(device dev) {
+  device_scope scope(dev.index);
+  CCGRAPH_CHECK(current_stream() != cudaStreamPerThread && current_stream() != nullptr,
+                "CUDA Graph capture needs the rank's own stream (run it under cuda::run_gpus or "
+                "init_from_env, or set one with cuda::stream_guard)");
+  // Thread-local mode: only this thread's unsafe calls break the capture; other ranks' threads
+  // go on with their own work (and their own captures).
+  CCGRAPH_CHECK_CUDA(cudaStreamBeginCapture(current_stream(), cudaStreamCaptureModeThreadLocal));
+}
+
+inline void* capture_end(device dev, bool keep) {
+  device_scope scope(dev.index);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t st = cudaStreamEndCapture(current_stream(), &graph);
+  if (!keep || st != cudaSuccess) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    if (keep) CCGRAPH_CHECK_CUDA(st);
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  CCGRAPH_CHECK_CUDA(inst);
+  CCGRAPH_CHECK_CUDA(cudaGraphUpload(exec, current_stream()));
+  return exec;
+}
+
+inline void replay(device dev, void* graph) {
+  device_scope scope(dev.index);
+  CCGRAPH_CHECK_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), current_stream()));
+}
+
+inline void destroy_graph(void* graph) {
+  if (graph) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
+inline const ::ccgraph::detail::device_runtime runtime_table{
+    &allocate, &deallocate, &copy, &synchronize, &gemm_entry, &capture_begin, &capture_end, &replay,
+    &destroy_graph};
 
 /// Installs the CUDA runtime for device tensors (at static initialisation of every translation
 /// unit that includes this header; idempotent).

@@ -55,6 +55,10 @@ class communicator {
   virtual ~communicator() = default;
   /// Starts `req`; the returned work completes when the outputs are written.
   virtual work_ptr launch(std::shared_ptr<collective_request> req) = 0;
+  /// Orders the calling thread's later work after every collective launched so far (a device
+  /// backend: its communication stream joins the caller's stream, as a CUDA Graph capture
+  /// requires before it ends). Host backends need nothing.
+  virtual void join() {}
 };
 
 }  // namespace ccgraph::detail

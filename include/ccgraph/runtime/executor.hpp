@@ -37,9 +37,45 @@ struct compile_options {
   /// dies there reduces in place. CPU ranks only (ignored elsewhere). The arena is reused by
   /// the next call unless a returned tensor still refers to it.
   bool memory_plan = true;
+  /// With cuda_graph: return the graph's own output buffers, which the next call overwrites
+  /// (no copy per call, like torch.compile's "reduce-overhead"); otherwise each call returns
+  /// fresh tensors.
+  bool static_outputs = false;
 };
 
 namespace detail {
+
+/// A CUDA Graph recorded from one run of a graph, with the buffers it reads its inputs from and
+/// writes its outputs to (the same addresses on every replay).
+struct captured_graph {
+  device dev;
+  void* handle = nullptr;
+  std::vector<any_tensor> inputs;
+  std::vector<any_tensor> outputs;
+  captured_graph() = default;
+  captured_graph(const captured_graph&) = delete;
+  captured_graph& operator=(const captured_graph&) = delete;
+  ~captured_graph() {
+    if (handle)
+      if (const device_runtime* rt = device_runtime_slot()) rt->destroy_graph(handle);
+  }
+};
+
+/// A new contiguous tensor with `t`'s meta on `dev`.
+inline any_tensor empty_like(const any_tensor& t, device dev) {
+  return std::visit([&](const auto& x) -> any_tensor {
+    using T = typename std::decay_t<decltype(x)>::value_type;
+    return tensor<T>::empty(x.shape(), dev);
+  }, t);
+}
+
+/// dst.copy_(src) for type-erased tensors of one dtype.
+inline void copy_any(const any_tensor& dst, const any_tensor& src) {
+  std::visit([&](const auto& d) {
+    using X = std::decay_t<decltype(d)>;
+    X(d).copy_(std::get<X>(src));
+  }, dst);
+}
 
 /// A tensor of meta `m` at byte `offset` of `arena` (contiguous).
 inline any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset) {
@@ -106,6 +142,9 @@ class executor {
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
     inputs_ = g_.placeholders();
+    cuda_graph_ = opt.cuda_graph;
+    static_outputs_ = opt.static_outputs;
+    if (cuda_graph_) captured_ = std::make_shared<std::shared_ptr<detail::captured_graph>>();
     if (opt.memory_plan && !ctx.device().is_cuda()) {
       plan_ = plan_memory(g_);
       cache_ = std::make_shared<detail::arena_cache>();
@@ -124,11 +163,95 @@ class executor {
     return cache_->allocations;
   }
 
+  /// True once a CUDA Graph was recorded (cuda_graph mode, after the first call).
+  bool captured() const { return captured_ && *captured_; }
+
+  /// The buffers a recorded CUDA Graph reads its inputs from (empty before the first call):
+  /// write a call's inputs there and pass these very tensors to skip the copy into them.
+  std::vector<any_tensor> static_inputs() const {
+    return captured() ? (*captured_)->inputs : std::vector<any_tensor>{};
+  }
+
   /// Runs the graph on `inputs` (one per placeholder, in order) and returns the outputs; an
   /// output that is an un-waited collective result comes back pending.
+  ///
+  /// In cuda_graph mode the first call runs the graph eagerly (which creates every
+  /// communicator and library handle, none of which may be created while recording) and then
+  /// records it into a CUDA Graph, NCCL calls included, reading static input buffers; later
+  /// calls copy their inputs there and replay it.
   std::vector<any_tensor> run(const std::vector<any_tensor>& inputs) const {
     CCGRAPH_CHECK(inputs.size() == inputs_.size(), "compiled graph: called with ", inputs.size(),
                   " inputs, expected ", inputs_.size());
+    if (!cuda_graph_) return interpret(inputs);
+    if (!captured()) {
+      auto results = interpret(inputs);
+      capture(inputs);
+      return results;
+    }
+    return replay(inputs);
+  }
+
+ private:
+  std::vector<any_tensor> replay(const std::vector<any_tensor>& inputs) const {
+    detail::captured_graph& cg = **captured_;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      CCGRAPH_CHECK(meta_of(inputs[i]) == meta_of(cg.inputs[i]), "compiled graph: input ", i, " is ",
+                    meta_of(inputs[i]).str(), " but the graph was recorded with ", meta_of(cg.inputs[i]).str());
+      const bool same = std::visit(
+          [&](const auto& a) {
+            using X = std::decay_t<decltype(a)>;
+            const X& b = std::get<X>(cg.inputs[i]);
+            return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
+                   a.strides() == b.strides();
+          },
+          inputs[i]);
+      if (!same) detail::copy_any(cg.inputs[i], inputs[i]);
+    }
+    detail::require_device_runtime("compiled graph", cg.dev).replay(cg.dev, cg.handle);
+    if (static_outputs_) return cg.outputs;
+    std::vector<any_tensor> out;
+    out.reserve(cg.outputs.size());
+    for (auto& t : cg.outputs) {
+      out.push_back(detail::empty_like(t, cg.dev));
+      detail::copy_any(out.back(), t);
+    }
+    return out;
+  }
+
+  /// Records one run of the graph on copies of `inputs` into a CUDA Graph.
+  void capture(const std::vector<any_tensor>& inputs) const {
+    auto cg = std::make_shared<detail::captured_graph>();
+    cg->dev = ctx_->device();
+    const detail::device_runtime& rt = detail::require_device_runtime("compile(cuda_graph)", cg->dev);
+    for (auto& t : inputs) {
+      cg->inputs.push_back(detail::empty_like(t, cg->dev));
+      detail::copy_any(cg->inputs.back(), t);
+    }
+    const node* out_node = g_.nodes().back();
+    for (auto& a : out_node->args())
+      cg->outputs.push_back(visit_dtype(a.src->meta(a.index).dtype, [&](auto tag) -> any_tensor {
+        return tensor<decltype(tag)>::empty(a.src->meta(a.index).shape, cg->dev);
+      }));
+    rt.capture_begin(cg->dev);
+    try {
+      {
+        auto results = interpret(cg->inputs);
+        // Into the static outputs (which waits for pending results, joining the collectives);
+        // the run's own buffers are freed before the recording ends, inside the graph.
+        for (std::size_t i = 0; i < results.size(); ++i) detail::copy_any(cg->outputs[i], results[i]);
+      }
+      ctx_->comm().join();
+    } catch (...) {
+      (void)rt.capture_end(cg->dev, false);
+      throw;
+    }
+    cg->handle = rt.capture_end(cg->dev, true);
+    *captured_ = std::move(cg);
+  }
+
+ public:
+  /// Runs the graph node by node (the interpreter; what a CUDA Graph records).
+  std::vector<any_tensor> interpret(const std::vector<any_tensor>& inputs) const {
     const auto& nodes = g_.nodes();
     std::shared_ptr<detail::storage> arena = plan_ ? acquire_arena() : nullptr;
     work_ptr_list works;
@@ -236,7 +359,8 @@ class executor {
               auto arg = [&](std::size_t k) -> const tensor<T>& { return get_tensor<T>(in[k], O::name.data()); };
               // The planned buffer, or a new tensor of the node's shape.
               auto out = [&]() -> tensor<T> {
-                return outs.empty() ? tensor<T>::empty(n.shape()) : get_tensor<T>(outs[0], O::name.data());
+                return outs.empty() ? tensor<T>::empty(n.shape(), ctx_->device())
+                                    : get_tensor<T>(outs[0], O::name.data());
               };
               if constexpr (std::is_same_v<O, ops::matmul>) {
                 if constexpr (std::is_same_v<T, bool>) {
@@ -299,6 +423,10 @@ class executor {
 
   graph g_;
   rank_context* ctx_;
+  bool cuda_graph_ = false;
+  bool static_outputs_ = false;
+  // Shared by copies of the executor; set by the first call in cuda_graph mode.
+  std::shared_ptr<std::shared_ptr<detail::captured_graph>> captured_;
   std::vector<std::size_t> last_use_;
   std::vector<node*> inputs_;
   std::optional<memory_plan> plan_;

@@ -52,13 +52,22 @@ struct device_runtime {
   void (*copy)(void* dst, device dst_dev, const void* src, device src_dev, std::size_t bytes);
   /// Blocks until all work this thread queued on `dev` has finished.
   void (*synchronize)(device dev);
-  /// Column-major-free GEMM on row-major operands: C[m,n] = A[m,k] · B[k,n] with leading
+  /// GEMM on row-major operands: C[m,n] = A[m,k] · B[k,n] with leading
   /// dimensions (row strides) lda, ldb, ldc and optional transposed reads (ta: A is stored as
   /// [k,m]; tb: B as [n,k]), fp32 accumulation, for f32, bf16 and f16 (and f64). Null when the
   /// backend has no GEMM.
   void (*gemm)(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
                std::int64_t lda, bool ta, const void* b, std::int64_t ldb, bool tb, void* c,
                std::int64_t ldc);
+  /// Starts recording the calling thread's stream into a graph (CUDA Graph capture).
+  void (*capture_begin)(device dev);
+  /// Ends the recording; with `keep`, instantiates it and returns an owned handle for
+  /// `replay` (else discards it: an error happened while recording, and returns null).
+  void* (*capture_end)(device dev, bool keep);
+  /// Launches a recorded graph on the calling thread's stream.
+  void (*replay)(device dev, void* graph);
+  /// Frees a recorded graph.
+  void (*destroy_graph)(void* graph);
 };
 
 /// The installed device runtime, or null (host-only program).

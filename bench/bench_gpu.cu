@@ -1,0 +1,282 @@
+// bench_gpu: PERF.md's GPU workloads on every GPU of the machine (2 for the targets), through
+// raw NCCL and through ccgraph (eager, graph runner, CUDA Graph replay). Prints one table, and
+// `RESULT <workload> <impl> <value> <unit>` lines that bench/compare_table.py merges with
+// bench/torch_reference.py's (run both with bench/compare_gpu.sh).
+//
+// Times come from CUDA events on each rank's stream, after warm-up; medians over iterations;
+// inputs are random and rotated between two sets.
+#include <ccgraph/cuda.hpp>
+#include <ccgraph/schedule/schedule.hpp>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cg = ccgraph;
+
+namespace {
+
+struct result {
+  std::string workload, impl;
+  double value;
+  std::string unit;
+};
+std::mutex results_mu;
+std::vector<result> results;
+
+void report(const std::string& workload, const std::string& impl, double value, const std::string& unit) {
+  std::lock_guard lk(results_mu);
+  results.push_back({workload, impl, value, unit});
+  std::printf("RESULT %s %s %.4f %s\n", workload.c_str(), impl.c_str(), value, unit.c_str());
+  std::fflush(stdout);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/// Median milliseconds of `step()` on the current stream: per-iteration events.
+template <class F>
+double time_each_ms(F&& step, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) step(i);
+  cudaStream_t s = cg::cuda::current_stream();
+  std::vector<cg::cuda::event> ev;
+  for (int i = 0; i <= iters; ++i) ev.push_back(cg::cuda::event::timed());
+  ev[0].record(s);
+  for (int i = 0; i < iters; ++i) {
+    step(i);
+    ev[static_cast<std::size_t>(i) + 1].record(s);
+  }
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i)
+    ms.push_back(cg::cuda::elapsed_ms(ev[static_cast<std::size_t>(i)], ev[static_cast<std::size_t>(i) + 1]));
+  return median(ms);
+}
+
+/// Milliseconds per step of a loop of `iters` steps (host issue included): for small ops,
+/// whose cost is the launch path.
+template <class F>
+double time_loop_ms(F&& step, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) step(i);
+  cudaStream_t s = cg::cuda::current_stream();
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> reps;
+  for (int r = 0; r < 5; ++r) {
+    auto a = cg::cuda::event::timed(), b = cg::cuda::event::timed();
+    a.record(s);
+    for (int i = 0; i < iters; ++i) step(i);
+    b.record(s);
+    CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+    reps.push_back(cg::cuda::elapsed_ms(a, b) / iters);
+  }
+  return median(reps);
+}
+
+double busbw_gbs(double bytes, double ms, int n) { return bytes / (ms * 1e-3) * 2.0 * (n - 1) / n / 1e9; }
+
+const std::vector<std::pair<std::string, std::size_t>> busbw_sizes = {
+    {"16MiB", std::size_t{16} << 20}, {"128MiB", std::size_t{128} << 20}, {"1GiB", std::size_t{1} << 30}};
+
+// ---------------------------------------------------------------------------------------------
+// Raw NCCL: the reference. One thread per GPU, its own communicator and stream.
+// ---------------------------------------------------------------------------------------------
+void raw_nccl(int n) {
+  ncclUniqueId id;
+  CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      CCGRAPH_CHECK_CUDA(cudaSetDevice(r));
+      cg::cuda::nccl_comm comm = cg::cuda::nccl_comm::init_rank(n, id, r);
+      cg::cuda::stream s(cudaStreamNonBlocking);
+      cg::cuda::stream_guard on(s.get());
+      // busbw, bf16, out of place
+      for (auto& [name, bytes] : busbw_sizes) {
+        void *in = nullptr, *out = nullptr;
+        CCGRAPH_CHECK_CUDA(cudaMalloc(&in, bytes));
+        CCGRAPH_CHECK_CUDA(cudaMalloc(&out, bytes));
+        CCGRAPH_CHECK_CUDA(cudaMemset(in, 0x3c, bytes));
+        const int iters = bytes >= (std::size_t{1} << 30) ? 10 : 30;
+        const double ms = time_each_ms(
+            [&](int) { CCGRAPH_CHECK_NCCL(ncclAllReduce(in, out, bytes / 2, ncclBfloat16, ncclSum, comm.get(), s.get())); },
+            3, iters);
+        if (r == 0) report("allreduce_busbw_" + name, "raw_nccl", busbw_gbs(static_cast<double>(bytes), ms, n), "GB/s");
+        CCGRAPH_CHECK_CUDA(cudaFree(in));
+        CCGRAPH_CHECK_CUDA(cudaFree(out));
+      }
+      // 4 KiB f32: eager loop, and 64 ops captured in a CUDA Graph.
+      void *a = nullptr, *b = nullptr;
+      CCGRAPH_CHECK_CUDA(cudaMalloc(&a, 4096));
+      CCGRAPH_CHECK_CUDA(cudaMalloc(&b, 4096));
+      CCGRAPH_CHECK_CUDA(cudaMemset(a, 0, 4096));
+      const double eager = time_loop_ms(
+          [&](int i) {
+            CCGRAPH_CHECK_NCCL(ncclAllReduce(i % 2 ? b : a, i % 2 ? a : b, 1024, ncclFloat32, ncclSum, comm.get(), s.get()));
+          },
+          50, 1000);
+      if (r == 0) report("allreduce_4KiB_eager", "raw_nccl", eager * 1e3, "us");
+      cudaGraph_t graph = nullptr;
+      CCGRAPH_CHECK_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < 64; ++i)
+        CCGRAPH_CHECK_NCCL(ncclAllReduce(i % 2 ? b : a, i % 2 ? a : b, 1024, ncclFloat32, ncclSum, comm.get(), s.get()));
+      CCGRAPH_CHECK_CUDA(cudaStreamEndCapture(s.get(), &graph));
+      cudaGraphExec_t exec = nullptr;
+      CCGRAPH_CHECK_CUDA(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+      const double replay = time_loop_ms([&](int) { CCGRAPH_CHECK_CUDA(cudaGraphLaunch(exec, s.get())); }, 5, 50);
+      if (r == 0) report("allreduce_4KiB_graph", "raw_nccl", replay / 64 * 1e3, "us");
+      CCGRAPH_CHECK_CUDA(cudaGraphExecDestroy(exec));
+      CCGRAPH_CHECK_CUDA(cudaGraphDestroy(graph));
+      CCGRAPH_CHECK_CUDA(cudaFree(a));
+      CCGRAPH_CHECK_CUDA(cudaFree(b));
+      CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s.get()));
+    });
+  for (auto& t : threads) t.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ccgraph
+// ---------------------------------------------------------------------------------------------
+
+/// The seeds' reorder program (PERF.md's "seed overlap pattern").
+auto seed_program(const cg::group& g) {
+  return [g](auto a) {
+    auto ar = cg::all_reduce(a, "sum", g);
+    auto gm = cg::matmul(a, a);
+    auto c = cg::relu(a);
+    auto d = cg::matmul(c, c);
+    auto f = cg::eval(d * c * ar);
+    auto fr = cg::all_reduce(f, "sum", g);
+    return cg::matmul(d + ar + fr, gm);
+  };
+}
+
+/// PERF.md's TP MLP, one rank's shard: x @ w1 -> gelu -> @ w2 -> all_reduce.
+auto tp_mlp(const cg::group& g) {
+  return [g](auto x, auto w1, auto w2) {
+    auto h = cg::gelu(cg::matmul(x, w1));
+    return cg::wait_tensor(cg::all_reduce(cg::matmul(h, w2), "sum", g));
+  };
+}
+
+void ccgraph_bench(int n, bool quick) {
+  std::vector<int> all(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  const cg::group world = all;
+  cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) {
+    const int r = ctx.rank();
+    // busbw, bf16, out of place, the functional all_reduce
+    for (auto& [name, bytes] : busbw_sizes) {
+      const auto elems = static_cast<std::int64_t>(bytes / 2);
+      const auto x = cg::full<cg::bf16>({elems}, cg::bf16(0.5f));
+      const int iters = bytes >= (std::size_t{1} << 30) ? 10 : 30;
+      const double ms = time_each_ms([&](int) { cg::all_reduce(x, "sum", world).wait(); }, 3, iters);
+      if (r == 0) report("allreduce_busbw_" + name, "ccgraph_eager", busbw_gbs(static_cast<double>(bytes), ms, n), "GB/s");
+    }
+    // 4 KiB f32: eager loop (each result waited), and a traced chain of 64 replayed.
+    {
+      std::vector<cg::tensor<float>> xs{cg::uniform<float>({1024}, -1, 1, 2), cg::uniform<float>({1024}, -1, 1, 3)};
+      const double eager = time_loop_ms(
+          [&](int i) {
+            auto y = cg::all_reduce(xs[static_cast<std::size_t>(i % 2)], "sum", world);
+            y.wait();
+          },
+          50, 1000);
+      if (r == 0) report("allreduce_4KiB_eager", "ccgraph_eager", eager * 1e3, "us");
+      auto chain = cg::trace(
+          [&](auto x) {
+            for (int i = 0; i < 64; ++i) x = cg::wait_tensor(cg::all_reduce(x, "sum", world));
+            return x;
+          },
+          cg::input<float>({1024}));
+      auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .static_outputs = true});
+      (void)exe(xs[0]);
+      auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench");
+      const double replay = time_loop_ms([&](int) { (void)exe(bound); }, 5, 50);
+      if (r == 0) report("allreduce_4KiB_graph", "ccgraph_cudagraph", replay / 64 * 1e3, "us");
+    }
+    // The seed overlap program.
+    for (std::int64_t size : {std::int64_t{4096}, std::int64_t{8192}}) {
+      const std::string w = "seed_overlap_" + std::to_string(size);
+      std::vector<cg::tensor<cg::bf16>> in{
+          cg::uniform<cg::bf16>({size, size}, -1, 1, 10 + static_cast<std::uint64_t>(r)),
+          cg::uniform<cg::bf16>({size, size}, -1, 1, 20 + static_cast<std::uint64_t>(r))};
+      const int iters = quick ? 5 : 20;
+      auto eager_ms = time_each_ms([&](int i) { (void)seed_program(world)(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
+      if (r == 0) report(w, "ccgraph_eager", eager_ms, "ms");
+      cg::schedule_options opt;
+      opt.model = cg::cost_model(cg::device_spec::h200());
+      auto g = cg::trace(seed_program(world), cg::input<cg::bf16>({size, size}));
+      const std::vector<std::pair<std::string, std::vector<std::string>>> schedules = {
+          {"", {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}}, {"_overlap", {"overlap"}}};
+      for (auto& [suffix, passes] : schedules) {
+        auto s = cg::schedule(g, passes, opt);
+        auto runner = cg::compile(s, ctx);
+        const double gm = time_each_ms([&](int i) { (void)runner(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
+        if (r == 0) report(w, "ccgraph_graph" + suffix, gm, "ms");
+        auto replayed = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
+        const double cm = time_each_ms([&](int i) { (void)replayed(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
+        if (r == 0) report(w, "ccgraph_cudagraph" + suffix, cm, "ms");
+      }
+    }
+    // The TP MLP, T = H = 8192, 2 ranks' shards of the 4H hidden dim.
+    {
+      const std::int64_t T = 8192, H = 8192, F = 4 * H / n;
+      auto x = cg::uniform<cg::bf16>({T, H}, -1, 1, 30 + static_cast<std::uint64_t>(r));
+      auto w1 = cg::uniform<cg::bf16>({H, F}, -0.02, 0.02, 40 + static_cast<std::uint64_t>(r));
+      auto w2 = cg::uniform<cg::bf16>({F, H}, -0.02, 0.02, 50 + static_cast<std::uint64_t>(r));
+      const int iters = quick ? 5 : 20;
+      const double em = time_each_ms([&](int) { (void)tp_mlp(world)(x, w1, w2); }, 3, iters);
+      if (r == 0) report("tp_mlp", "ccgraph_eager", em, "ms");
+      cg::schedule_options opt;
+      opt.model = cg::cost_model(cg::device_spec::h200());
+      auto g = cg::trace(tp_mlp(world), cg::input<cg::bf16>({T, H}), cg::input<cg::bf16>({H, F}),
+                         cg::input<cg::bf16>({F, H}));
+      auto plain = cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = true});
+      const double pm = time_each_ms([&](int) { (void)plain(x, w1, w2); }, 3, iters);
+      if (r == 0) report("tp_mlp", "ccgraph_cudagraph", pm, "ms");
+      for (int chunks : {2, 4, 8}) {
+        opt.decompose_chunks = chunks;
+        auto s = cg::schedule(g, {"decompose_matmul_collectives", "overlap"}, opt);
+        auto dec = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
+        const double dm = time_each_ms([&](int) { (void)dec(x, w1, w2); }, 3, iters);
+        if (r == 0) report("tp_mlp", "ccgraph_cudagraph_decomposed" + std::to_string(chunks), dm, "ms");
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const int n = cg::cuda::device_count();
+  if (n < 1) {
+    std::cout << "bench_gpu: no CUDA device; nothing to measure\n";
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::cout << "# bench_gpu on " << n << " x " << prop.name << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR
+            << "." << NCCL_PATCH << ", CUDA runtime " << CUDART_VERSION << "\n";
+  try {
+    raw_nccl(n);
+    ccgraph_bench(n, quick);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_gpu: " << e.what() << '\n';
+    return 1;
+  }
+  std::cout << "\n| workload | impl | value | unit |\n|---|---|---|---|\n";
+  for (auto& r : results) std::printf("| %s | %s | %.3f | %s |\n", r.workload.c_str(), r.impl.c_str(), r.value, r.unit.c_str());
+  return 0;
+}
