@@ -52,6 +52,7 @@ struct captured_graph {
   void* handle = nullptr;
   std::vector<any_tensor> inputs;
   std::vector<any_tensor> outputs;
+  std::shared_ptr<storage> arena;  // the memory plan's arena the recording uses
   captured_graph() = default;
   captured_graph(const captured_graph&) = delete;
   captured_graph& operator=(const captured_graph&) = delete;
@@ -145,7 +146,9 @@ class executor {
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
     if (cuda_graph_) captured_ = std::make_shared<std::shared_ptr<detail::captured_graph>>();
-    if (opt.memory_plan && !ctx.device().is_cuda()) {
+    // On a GPU the caching allocator serves eager runs; a recorded CUDA Graph gets the plan's
+    // one arena instead, so the graph holds no allocation nodes.
+    if (opt.memory_plan && (!ctx.device().is_cuda() || opt.cuda_graph)) {
       plan_ = plan_memory(g_);
       cache_ = std::make_shared<detail::arena_cache>();
     }
@@ -232,10 +235,11 @@ class executor {
       cg->outputs.push_back(visit_dtype(a.src->meta(a.index).dtype, [&](auto tag) -> any_tensor {
         return tensor<decltype(tag)>::empty(a.src->meta(a.index).shape, cg->dev);
       }));
+    if (plan_) cg->arena = detail::storage::allocate(cg->dev, static_cast<std::size_t>(plan_->arena_bytes));
     rt.capture_begin(cg->dev);
     try {
       {
-        auto results = interpret(cg->inputs);
+        auto results = interpret(cg->inputs, cg->arena);
         // Into the static outputs (which waits for pending results, joining the collectives);
         // the run's own buffers are freed before the recording ends, inside the graph.
         for (std::size_t i = 0; i < results.size(); ++i) detail::copy_any(cg->outputs[i], results[i]);
@@ -251,9 +255,11 @@ class executor {
 
  public:
   /// Runs the graph node by node (the interpreter; what a CUDA Graph records).
-  std::vector<any_tensor> interpret(const std::vector<any_tensor>& inputs) const {
+  /// `fixed_arena`: run in this arena instead of the reused one (a CUDA Graph's own).
+  std::vector<any_tensor> interpret(const std::vector<any_tensor>& inputs,
+                                    std::shared_ptr<detail::storage> fixed_arena = nullptr) const {
     const auto& nodes = g_.nodes();
-    std::shared_ptr<detail::storage> arena = plan_ ? acquire_arena() : nullptr;
+    std::shared_ptr<detail::storage> arena = plan_ ? (fixed_arena ? fixed_arena : acquire_arena()) : nullptr;
     work_ptr_list works;
     std::vector<std::vector<any_tensor>> env(nodes.size());
     std::vector<any_tensor> results;
@@ -280,7 +286,7 @@ class executor {
         if (last_use_[p] == i) env[p].clear();
       }
     }
-    if (plan_) release_arena(std::move(arena), std::move(works));
+    if (plan_ && !fixed_arena) release_arena(std::move(arena), std::move(works));
     return results;
   }
 

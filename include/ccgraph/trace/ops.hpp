@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -147,19 +148,39 @@ inline std::string value_key(const value_ref& r) {
 // sub-expression that is already a node is read, as in the program above). A device runs one
 // kernel generated from the tree; `load(p, o, i)` reads input s at p[s][o[s + 1] + i].
 
+/// Input `slot` at element i: p[slot][o[slot + 1] + i]. The slot is known only at run time;
+/// selecting it with an unrolled compare chain keeps the pointer and offset arrays in
+/// registers (a run-time index would move them to local memory in a kernel).
+template <class T, std::size_t M>
+CCGRAPH_HOST_DEVICE T load_slot(const std::array<const T*, M>& p, const std::int64_t* o, int slot, std::int64_t i) {
+  const T* q = p[0];
+  std::int64_t off = o[1];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::size_t j = 1; j < M; ++j)
+    if (static_cast<int>(j) == slot) {
+      q = p[j];
+      off = o[j + 1];
+    }
+  return q[off + i];
+}
+
 /// A traced tree leaf: the node's input `slot`.
 template <class T>
 struct traced_slot {
   int slot = -1;
-  CCGRAPH_HOST_DEVICE T load(const T* const* p, const std::int64_t* o, std::int64_t i) const {
-    return p[slot][o[slot + 1] + i];
+  template <std::size_t M>
+  CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>& p, const std::int64_t* o, std::int64_t i) const {
+    return load_slot(p, o, slot, i);
   }
 };
 /// A traced tree leaf: a scalar.
 template <class T>
 struct traced_scalar {
   T v;
-  CCGRAPH_HOST_DEVICE T load(const T* const*, const std::int64_t*, std::int64_t) const { return v; }
+  template <std::size_t M>
+  CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>&, const std::int64_t*, std::int64_t) const { return v; }
 };
 /// A traced op: computed from its operands, or read from input `slot` when that is >= 0.
 template <class T, class Op, class... Ks>
@@ -168,8 +189,9 @@ template <class T, class Op, class K0>
 struct traced_op<T, Op, K0> {
   int slot = -1;
   K0 a;
-  CCGRAPH_HOST_DEVICE T load(const T* const* p, const std::int64_t* o, std::int64_t i) const {
-    return slot >= 0 ? p[slot][o[slot + 1] + i] : Op::apply(a.load(p, o, i));
+  template <std::size_t M>
+  CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>& p, const std::int64_t* o, std::int64_t i) const {
+    return slot >= 0 ? load_slot(p, o, slot, i) : Op::apply(a.load(p, o, i));
   }
 };
 template <class T, class Op, class K0, class K1>
@@ -177,8 +199,9 @@ struct traced_op<T, Op, K0, K1> {
   int slot = -1;
   K0 a;
   K1 b;
-  CCGRAPH_HOST_DEVICE T load(const T* const* p, const std::int64_t* o, std::int64_t i) const {
-    return slot >= 0 ? p[slot][o[slot + 1] + i] : Op::apply(a.load(p, o, i), b.load(p, o, i));
+  template <std::size_t M>
+  CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>& p, const std::int64_t* o, std::int64_t i) const {
+    return slot >= 0 ? load_slot(p, o, slot, i) : Op::apply(a.load(p, o, i), b.load(p, o, i));
   }
 };
 
@@ -284,7 +307,7 @@ template <class T, class Tree, std::size_t M>
 struct traced_kernel {
   std::array<const T*, M> p;
   Tree t;
-  CCGRAPH_HOST_DEVICE T load(const std::int64_t* o, std::int64_t i) const { return t.load(p.data(), o, i); }
+  CCGRAPH_HOST_DEVICE T load(const std::int64_t* o, std::int64_t i) const { return t.load(p, o, i); }
 };
 
 /// Replays a recorded expression on the node's inputs: the block program on the host, the
