@@ -45,4 +45,5 @@
 #include <ccgraph/runtime/cpu_collectives.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/runtime/store.hpp>
 #include <ccgraph/runtime/threads.hpp>

@@ -1,0 +1,636 @@
+// tests/runtime/test_store.cpp: the rendezvous stores of ccgraph/runtime/store.hpp (tcp_store
+// with a server on port 0 and client threads, file_store in a temp dir), barrier(), the
+// launcher environment (env_config, make_store_from_env) and scripts/ccgraph-launch. Timeouts
+// are short where a timeout is the point, and long (a bug fails in seconds, never hangs) where
+// it is not.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/runtime/store.hpp>
+
+namespace cg = ccgraph;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+/// A generous timeout for stores that must not time out.
+constexpr milliseconds long_timeout{30000};
+
+std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<std::uint8_t>& v) { return {v.begin(), v.end()}; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// The message of the exception `f` throws as `E`, or "" when it throws nothing (then CHECKs
+/// on the message fail and show it).
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ccgraph-store-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+/// A port nobody listens on now: one the kernel handed to a server that is gone again.
+int unused_port() {
+  cg::tcp_store s("127.0.0.1", 0, true, 1, long_timeout);
+  return s.port();
+}
+
+/// Runs `fn(i)` on `n` threads and joins them; an exception in a thread fails the test.
+template <class F>
+void on_threads(int n, F fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      try {
+        fn(i);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < n; ++i)
+    CHECK_MESSAGE(errors[static_cast<std::size_t>(i)].empty(), "thread ", i, ": ",
+                  errors[static_cast<std::size_t>(i)]);
+}
+
+/// The work every store must do the same way: set/get/check/wait/add from `n` threads, each
+/// with its own store from `make(i)` (or one shared store when make returns the same one).
+template <class Make>
+void exercise_store(int n, Make make) {
+  std::vector<std::shared_ptr<cg::store>> stores;
+  for (int i = 0; i < n; ++i) stores.push_back(make(i));
+  on_threads(n, [&](int i) {
+    cg::store& s = *stores[static_cast<std::size_t>(i)];
+    s.set("key/" + std::to_string(i), bytes("value " + std::to_string(i)));
+    for (int k = 0; k < 50; ++k) s.add("counter", 1);
+    std::vector<std::string> all;
+    for (int j = 0; j < n; ++j) all.push_back("key/" + std::to_string(j));
+    s.wait(all);
+    CHECK(s.check(all));
+    for (int j = 0; j < n; ++j)
+      CHECK(text(s.get("key/" + std::to_string(j))) == "value " + std::to_string(j));
+    cg::barrier(s, "counted", i, n);  // every add is done past here
+    CHECK(s.add("counter", 0) == 50 * n);
+  });
+  cg::store& s = *stores[0];
+  CHECK(text(s.get("counter")) == std::to_string(50 * n));  // a counter is its decimal text
+  CHECK_FALSE(s.check({"key/0", "nobody/set/this"}));
+  CHECK(s.check({}));
+  s.set("key/0", bytes("replaced"));
+  CHECK(text(s.get("key/0")) == "replaced");
+  s.set("empty", {});
+  CHECK(s.get("empty").empty());
+  CHECK(s.add("negative", -5) == -5);
+  CHECK(s.add("max", std::numeric_limits<std::int64_t>::max()) ==
+        std::numeric_limits<std::int64_t>::max());
+  CHECK(contains(message_of<cg::error>([&] { s.add("max", 1); }), "overflows int64"));
+  CHECK(s.add("max", 0) == std::numeric_limits<std::int64_t>::max());  // unchanged
+  const std::string m = message_of<cg::error>([&] { s.add("key/1", 1); });
+  CHECK(contains(m, "add"));
+  CHECK(contains(m, "'key/1'"));
+  CHECK(contains(m, "not a decimal integer"));
+  // Values of any bytes, and large enough to arrive in many pieces.
+  std::vector<std::uint8_t> big(3u << 20);
+  for (std::size_t k = 0; k < big.size(); ++k) big[k] = static_cast<std::uint8_t>(k * 7 + k / 4096);
+  s.set("big", big);
+  CHECK(stores.back()->get("big") == big);
+}
+
+/// A get on one thread that another thread satisfies later: get blocks, then returns it.
+void get_blocks_until_set(cg::store& getter, cg::store& setter) {
+  std::atomic<bool> set_done{false};
+  std::vector<std::uint8_t> got;
+  std::thread t([&] { got = getter.get("late"); });
+  std::this_thread::sleep_for(milliseconds(50));
+  set_done = true;
+  setter.set("late", bytes("finally"));
+  t.join();
+  CHECK(set_done.load());
+  CHECK(text(got) == "finally");
+}
+
+/// get and wait of missing keys time out after the 100 ms timeout, naming what is missing.
+void missing_keys_time_out(cg::store& s, const std::string& name) {
+  s.set_timeout(milliseconds(100));
+  CHECK(s.timeout() == milliseconds(100));
+  auto t0 = clock_type::now();
+  std::string m = message_of<cg::timeout_error>([&] { s.get("no/such/key"); });
+  const double took = seconds_since(t0);
+  CHECK(took >= 0.09);
+  CHECK(took < 3.0);
+  CHECK(contains(m, "get"));
+  CHECK(contains(m, "'no/such/key'"));
+  CHECK(contains(m, name));
+  CHECK(contains(m, "100 ms"));
+
+  s.set("here", bytes("x"));
+  t0 = clock_type::now();
+  m = message_of<cg::timeout_error>([&] { s.wait({"here", "missing/a", "missing/b"}); });
+  CHECK(seconds_since(t0) < 3.0);
+  CHECK(contains(m, "wait"));
+  CHECK(contains(m, "2 of 3 keys"));
+  CHECK(contains(m, "'missing/a', 'missing/b'"));
+  CHECK_FALSE(contains(m, "'here'"));
+  CHECK(contains(m, name));
+  // The store still works after a timeout (tcp_store: the connection stayed in step).
+  CHECK(text(s.get("here")) == "x");
+  s.wait({"here"});
+  CHECK_THROWS_AS(s.set_timeout(milliseconds(0)), cg::error);
+}
+
+}  // namespace
+
+// --- tcp_store -------------------------------------------------------------------------------
+
+TEST_CASE("store.tcp.server_on_port_0_and_client_threads") {
+  auto server = std::make_shared<cg::tcp_store>("127.0.0.1", 0, true, 4, long_timeout);
+  REQUIRE(server->port() > 0);
+  CHECK(server->is_server());
+  CHECK(server->world_size() == 4);
+  CHECK(server->describe() == "127.0.0.1:" + std::to_string(server->port()));
+  exercise_store(4, [&](int i) -> std::shared_ptr<cg::store> {
+    if (i == 0) return server;
+    return std::make_shared<cg::tcp_store>("localhost", server->port(), false, 4, long_timeout);
+  });
+}
+
+TEST_CASE("store.tcp.one_store_shared_by_threads") {
+  // Threads share one client: a get blocked on one thread must not hold up a set on another.
+  cg::tcp_store server("127.0.0.1", 0, true, 2, long_timeout);
+  auto client = std::make_shared<cg::tcp_store>("127.0.0.1", server.port(), false, 2, long_timeout);
+  get_blocks_until_set(*client, *client);
+  exercise_store(4, [&](int) -> std::shared_ptr<cg::store> { return client; });
+}
+
+TEST_CASE("store.tcp.get_blocks_until_set") {
+  cg::tcp_store server("127.0.0.1", 0, true, 2, long_timeout);
+  cg::tcp_store client("127.0.0.1", server.port(), false, 2, long_timeout);
+  get_blocks_until_set(client, server);
+}
+
+TEST_CASE("store.tcp.missing_key_times_out") {
+  cg::tcp_store server("127.0.0.1", 0, true, 2, long_timeout);
+  cg::tcp_store client("127.0.0.1", server.port(), false, 2, long_timeout);
+  missing_keys_time_out(client, "127.0.0.1:" + std::to_string(server.port()));
+  missing_keys_time_out(server, "127.0.0.1:" + std::to_string(server.port()));
+}
+
+TEST_CASE("store.tcp.no_server_times_out_naming_host_port") {
+  const int port = unused_port();
+  const auto t0 = clock_type::now();
+  const std::string m = message_of<cg::timeout_error>(
+      [&] { cg::tcp_store("127.0.0.1", port, false, 2, milliseconds(300)); });
+  CHECK(seconds_since(t0) >= 0.29);
+  CHECK(seconds_since(t0) < 5.0);
+  CHECK(contains(m, "127.0.0.1:" + std::to_string(port)));
+  CHECK(contains(m, "300 ms"));
+  CHECK(contains(m, "refused"));
+}
+
+TEST_CASE("store.tcp.server_starts_after_the_client") {
+  const int port = unused_port();
+  std::unique_ptr<cg::tcp_store> client;
+  std::string error;
+  std::thread t([&] {
+    try {
+      client = std::make_unique<cg::tcp_store>("127.0.0.1", port, false, 2, long_timeout);
+      client->set("from", bytes("client"));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(200));  // the client is retrying by now
+  cg::tcp_store server("127.0.0.1", port, true, 2, long_timeout);
+  CHECK(server.port() == port);
+  CHECK(text(server.get("from")) == "client");
+  t.join();
+  CHECK(error.empty());
+  client.reset();
+}
+
+TEST_CASE("store.tcp.server_destroyed_under_a_blocked_client") {
+  // The server stops at once even with clients connected, and a client blocked in get() fails
+  // promptly with an error naming the store, instead of waiting out its timeout.
+  auto server = std::make_unique<cg::tcp_store>("127.0.0.1", 0, true, 2, long_timeout);
+  const int port = server->port();
+  cg::tcp_store client("127.0.0.1", port, false, 2, long_timeout);
+  client.set("a", bytes("1"));
+  std::string m;
+  bool was_timeout = false;
+  std::thread t([&] {
+    try {
+      client.get("never");
+    } catch (const cg::timeout_error& e) {
+      was_timeout = true;
+      m = e.what();
+    } catch (const cg::error& e) {
+      m = e.what();
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  const auto t0 = clock_type::now();
+  server.reset();
+  t.join();
+  CHECK(seconds_since(t0) < 5.0);
+  CHECK_FALSE(was_timeout);
+  CHECK(contains(m, "tcp_store::get"));
+  CHECK(contains(m, "127.0.0.1:" + std::to_string(port)));
+}
+
+TEST_CASE("store.tcp.bad_arguments") {
+  CHECK_THROWS_AS(cg::tcp_store("127.0.0.1", 0, false, 2, long_timeout), cg::error);
+  CHECK_THROWS_AS(cg::tcp_store("127.0.0.1", 70000, true, 2, long_timeout), cg::error);
+  CHECK_THROWS_AS(cg::tcp_store("127.0.0.1", 0, true, 0, long_timeout), cg::error);
+  CHECK_THROWS_AS(cg::tcp_store("", 0, true, 1, long_timeout), cg::error);
+  // Two servers on one port: the second names the port.
+  cg::tcp_store first("127.0.0.1", 0, true, 1, long_timeout);
+  const std::string m = message_of<cg::error>(
+      [&] { cg::tcp_store("127.0.0.1", first.port(), true, 1, long_timeout); });
+  CHECK(contains(m, "port " + std::to_string(first.port())));
+  CHECK(contains(m, "in use"));
+}
+
+// --- file_store ------------------------------------------------------------------------------
+
+TEST_CASE("store.file.set_get_add_from_threads") {
+  temp_dir dir;
+  const std::string path = dir.file("store");
+  {
+    // One file_store per thread, as one per process: add is atomic across them.
+    exercise_store(4, [&](int) -> std::shared_ptr<cg::store> {
+      return std::make_shared<cg::file_store>(path, 4, long_timeout);
+    });
+  }
+  // The last of the 4 file_stores removed the file.
+  CHECK_FALSE(std::filesystem::exists(path));
+  // One file_store shared by threads.
+  auto shared = std::make_shared<cg::file_store>(path, 1, long_timeout);
+  CHECK(shared->path() == path);
+  CHECK(shared->describe() == path);
+  exercise_store(3, [&](int) -> std::shared_ptr<cg::store> { return shared; });
+}
+
+TEST_CASE("store.file.add_is_atomic_across_stores") {
+  temp_dir dir;
+  const std::string path = dir.file("counter");
+  std::vector<std::unique_ptr<cg::file_store>> stores;
+  for (int i = 0; i < 4; ++i)
+    stores.push_back(std::make_unique<cg::file_store>(path, 4, long_timeout));
+  std::vector<std::vector<std::int64_t>> seen(4);
+  on_threads(4, [&](int i) {
+    for (int k = 0; k < 100; ++k)
+      seen[static_cast<std::size_t>(i)].push_back(stores[static_cast<std::size_t>(i)]->add("n", 1));
+  });
+  // Every value 1..400 was returned exactly once: no two adds read the same old value.
+  std::vector<int> hits(401, 0);
+  for (const auto& v : seen)
+    for (auto x : v) {
+      REQUIRE(x >= 1);
+      REQUIRE(x <= 400);
+      ++hits[static_cast<std::size_t>(x)];
+    }
+  for (int x = 1; x <= 400; ++x) CHECK(hits[static_cast<std::size_t>(x)] == 1);
+  CHECK(stores[0]->add("n", 0) == 400);
+}
+
+TEST_CASE("store.file.get_blocks_until_set") {
+  temp_dir dir;
+  cg::file_store a(dir.file("s"), 2, long_timeout);
+  cg::file_store b(dir.file("s"), 2, long_timeout);
+  get_blocks_until_set(a, b);
+}
+
+TEST_CASE("store.file.missing_key_times_out") {
+  temp_dir dir;
+  cg::file_store s(dir.file("s"), 1, long_timeout);
+  missing_keys_time_out(s, dir.file("s"));
+}
+
+TEST_CASE("store.file.bad_paths_and_files") {
+  temp_dir dir;
+  std::string m = message_of<cg::error>([&] { cg::file_store(dir.file("no/such/dir/s"), 1); });
+  CHECK(contains(m, dir.file("no/such/dir/s")));
+  CHECK(contains(m, "No such file"));
+  { std::ofstream(dir.file("garbage")) << "this is not a store file at all\n"; }
+  m = message_of<cg::error>([&] { cg::file_store(dir.file("garbage"), 1); });
+  CHECK(contains(m, dir.file("garbage")));
+  CHECK(contains(m, "not a file_store file"));
+  CHECK_THROWS_AS(cg::file_store(dir.file("s"), 0), cg::error);
+}
+
+TEST_CASE("store.file.torn_record_is_cut_off") {
+  // A writer that died halfway through a record leaves a partial one at the end: readers skip
+  // it, and the next append replaces it.
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  cg::file_store s(path, 2, long_timeout);
+  s.set("a", bytes("1"));
+  {
+    std::ofstream f(path, std::ios::app | std::ios::binary);
+    const char partial[] = {0, 0, 0, 3, 'x', 'y'};  // key length 3, then 2 of its 3 bytes
+    f.write(partial, sizeof partial);
+  }
+  cg::file_store other(path, 2, long_timeout);  // reads past nothing it cannot parse
+  CHECK(text(other.get("a")) == "1");
+  other.set("b", bytes("2"));
+  CHECK(text(s.get("b")) == "2");
+  CHECK(text(s.get("a")) == "1");
+}
+
+// --- barrier ---------------------------------------------------------------------------------
+
+TEST_CASE("store.barrier.four_threads_tcp_and_file") {
+  temp_dir dir;
+  for (const bool tcp : {true, false}) {
+    CAPTURE(tcp);
+    std::vector<std::unique_ptr<cg::store>> stores;
+    auto server = std::make_unique<cg::tcp_store>("127.0.0.1", 0, true, 4, long_timeout);
+    const int port = server->port();
+    for (int i = 0; i < 4; ++i) {
+      if (tcp) {
+        stores.push_back(
+            i == 0 ? std::unique_ptr<cg::store>(std::move(server))
+                   : std::make_unique<cg::tcp_store>("127.0.0.1", port, false, 4, long_timeout));
+      } else {
+        stores.push_back(std::make_unique<cg::file_store>(dir.file("barrier"), 4, long_timeout));
+      }
+    }
+    // Nobody leaves round k before everybody entered it; the name is reused across rounds.
+    constexpr int rounds = 5;
+    std::vector<std::atomic<int>> entered(rounds);
+    on_threads(4, [&](int rank) {
+      for (int k = 0; k < rounds; ++k) {
+        if (rank == k % 4) std::this_thread::sleep_for(milliseconds(20));  // one straggler
+        entered[static_cast<std::size_t>(k)].fetch_add(1);
+        cg::barrier(*stores[static_cast<std::size_t>(rank)], "rounds", rank, 4);
+        CHECK(entered[static_cast<std::size_t>(k)].load() == 4);
+      }
+    });
+    // The server (stores[0] in the tcp case) goes last.
+    for (std::size_t i = stores.size(); i-- > 0;) stores[i].reset();
+  }
+}
+
+TEST_CASE("store.barrier.timeout_names_the_barrier") {
+  cg::tcp_store s("127.0.0.1", 0, true, 2, milliseconds(100));
+  const std::string m = message_of<cg::timeout_error>([&] { cg::barrier(s, "lonely", 1, 2); });
+  CHECK(contains(m, "barrier 'lonely'"));
+  CHECK(contains(m, "rank 1"));
+  CHECK(contains(m, "1 of 2 ranks arrived"));
+  CHECK(contains(m, "127.0.0.1:" + std::to_string(s.port())));
+  CHECK_THROWS_AS(cg::barrier(s, "x", 2, 2), cg::error);
+  CHECK_THROWS_AS(cg::barrier(s, "x", 0, 0), cg::error);
+  cg::barrier(s, "alone", 0, 1);  // a world of one never waits
+}
+
+// --- env_config and make_store_from_env ------------------------------------------------------
+
+namespace {
+
+/// env_config::from_env over `vars` instead of the process environment.
+cg::env_config parse_env(const std::map<std::string, std::string>& vars) {
+  return cg::env_config::from_env([&](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+std::string env_error(const std::map<std::string, std::string>& vars) {
+  return message_of<cg::error>([&] { parse_env(vars); });
+}
+
+/// Sets (or, with nullopt, unsets) environment variables for a scope, then restores them.
+class env_guard {
+ public:
+  explicit env_guard(const std::map<std::string, std::optional<std::string>>& vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+  ~env_guard() {
+    for (const auto& [k, v] : saved_) {
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+  env_guard(const env_guard&) = delete;
+  env_guard& operator=(const env_guard&) = delete;
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+}  // namespace
+
+TEST_CASE("env_config.from_env.values_and_defaults") {
+  auto c = parse_env({{"RANK", "3"}, {"WORLD_SIZE", "8"}});
+  CHECK(c.rank == 3);
+  CHECK(c.world_size == 8);
+  CHECK(c.local_rank == 3);  // defaults: the whole job on one machine
+  CHECK(c.local_world_size == 8);
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 29500);
+
+  c = parse_env({{"RANK", "5"},
+                 {"WORLD_SIZE", "8"},
+                 {"LOCAL_RANK", "1"},
+                 {"LOCAL_WORLD_SIZE", "4"},
+                 {"MASTER_ADDR", "node-0.cluster"},
+                 {"MASTER_PORT", "12345"}});
+  CHECK(c.rank == 5);
+  CHECK(c.local_rank == 1);
+  CHECK(c.local_world_size == 4);
+  CHECK(c.master_addr == "node-0.cluster");
+  CHECK(c.master_port == 12345);
+}
+
+TEST_CASE("env_config.from_env.errors_name_the_variable_and_value") {
+  std::string m = env_error({{"WORLD_SIZE", "2"}});
+  CHECK(contains(m, "RANK is not set"));
+  CHECK(contains(m, "ccgraph-launch"));
+  CHECK(contains(env_error({{"RANK", "0"}}), "WORLD_SIZE is not set"));
+  m = env_error({{"RANK", "0"}, {"WORLD_SIZE", "two"}});
+  CHECK(contains(m, "WORLD_SIZE='two' is not an integer"));
+  CHECK(contains(env_error({{"RANK", "1x"}, {"WORLD_SIZE", "2"}}), "RANK='1x' is not an integer"));
+  CHECK(contains(env_error({{"RANK", ""}, {"WORLD_SIZE", "2"}}), "RANK='' is not an integer"));
+  CHECK(contains(env_error({{"RANK", " 1"}, {"WORLD_SIZE", "2"}}), "RANK=' 1'"));
+  CHECK(contains(env_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), "WORLD_SIZE=0 must be in [1,"));
+  CHECK(contains(env_error({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}),
+                 "WORLD_SIZE=99999999999"));
+  m = env_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
+  CHECK(contains(m, "RANK=4 must be in [0, WORLD_SIZE=4)"));
+  CHECK(contains(env_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}), "RANK=-1"));
+  m = env_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "8"}});
+  CHECK(contains(m, "LOCAL_WORLD_SIZE=8 must be in [1, WORLD_SIZE=4]"));
+  m = env_error(
+      {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}});
+  CHECK(contains(m, "LOCAL_RANK=2 must be in [0, LOCAL_WORLD_SIZE=2)"));
+  m = env_error({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
+  CHECK(contains(m, "LOCAL_RANK is not set, so it defaults to RANK=3"));
+  CHECK(contains(env_error({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}),
+                 "MASTER_PORT=70000 must be in [1, 65535]"));
+  CHECK(contains(env_error({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "http"}}),
+                 "MASTER_PORT='http' is not an integer"));
+  CHECK(contains(env_error({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", ""}}),
+                 "MASTER_ADDR is set but empty"));
+}
+
+TEST_CASE("env_config.make_store_from_env") {
+  // The real process environment (no other thread runs while this test changes it).
+  temp_dir dir;
+  const std::string file = dir.file("job-store");
+  {
+    env_guard env({{"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"LOCAL_RANK", std::nullopt},
+                   {"LOCAL_WORLD_SIZE", std::nullopt},
+                   {"MASTER_ADDR", std::nullopt},
+                   {"MASTER_PORT", "23456"},
+                   {"CCGRAPH_STORE_FILE", file},
+                   {"CCGRAPH_STORE_TIMEOUT_S", "0.25"}});
+    const auto c = cg::env_config::from_env();
+    CHECK(c.rank == 1);
+    CHECK(c.world_size == 2);
+    CHECK(c.local_rank == 1);
+    CHECK(c.master_port == 23456);
+    auto s = cg::make_store_from_env(c);
+    REQUIRE(dynamic_cast<cg::file_store*>(s.get()) != nullptr);
+    CHECK(s->describe() == file);
+    CHECK(s->timeout() == milliseconds(250));
+  }
+  {
+    const int port = unused_port();
+    env_guard env({{"CCGRAPH_STORE_FILE", std::nullopt}, {"CCGRAPH_STORE_TIMEOUT_S", "20"}});
+    cg::env_config c;
+    c.rank = 0;
+    c.world_size = 2;
+    c.master_port = port;
+    auto server = cg::make_store_from_env(c);
+    auto* tcp = dynamic_cast<cg::tcp_store*>(server.get());
+    REQUIRE(tcp != nullptr);
+    CHECK(tcp->is_server());
+    CHECK(tcp->port() == port);
+    CHECK(tcp->timeout() == milliseconds(20000));
+    c.rank = 1;
+    auto client = cg::make_store_from_env(c);
+    REQUIRE(dynamic_cast<cg::tcp_store*>(client.get()) != nullptr);
+    CHECK_FALSE(dynamic_cast<cg::tcp_store&>(*client).is_server());
+    client->set("k", bytes("v"));
+    CHECK(text(server->get("k")) == "v");
+  }
+  for (const char* bad : {"0", "-3", "soon", "1e999", "nan"}) {
+    env_guard env({{"CCGRAPH_STORE_FILE", file}, {"CCGRAPH_STORE_TIMEOUT_S", bad}});
+    const std::string m = message_of<cg::error>([] { cg::make_store_from_env(cg::env_config{}); });
+    CHECK(contains(m, std::string("CCGRAPH_STORE_TIMEOUT_S='") + bad + "'"));
+  }
+}
+
+// --- scripts/ccgraph-launch ------------------------------------------------------------------
+
+#ifdef CCGRAPH_LAUNCH_SCRIPT
+namespace {
+
+/// Runs `cmd` through the shell; returns its exit status and its stdout.
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const std::string launcher = std::string("bash '") + CCGRAPH_LAUNCH_SCRIPT + "'";
+
+}  // namespace
+
+TEST_CASE("launch.sets_the_environment_and_prefixes_lines") {
+  const auto result = run_command(
+      launcher +
+      " -n 3 --master-port 23999 sh -c "
+      "'echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT\"; "
+      "printf last' 2>/dev/null");
+  const std::string& out = result.second;
+  CHECK(result.first == 0);
+  INFO("launcher output:\n", out);
+  for (int r = 0; r < 3; ++r) {
+    const std::string p = "[rank " + std::to_string(r) + "] ";
+    CHECK(
+        contains(out, p + std::to_string(r) + "/3 " + std::to_string(r) + "/3 127.0.0.1:23999\n"));
+    CHECK(contains(out, p + "last\n"));  // a last line without a newline still comes out whole
+  }
+  // Without --master-port it picks one.
+  const auto [status2, out2] = run_command(launcher + " -n 1 sh -c 'echo port=$MASTER_PORT'");
+  CHECK(status2 == 0);
+  CHECK(contains(out2, "[rank 0] port="));
+  CHECK_FALSE(contains(out2, "port=\n"));
+}
+
+TEST_CASE("launch.a_failing_rank_stops_the_others") {
+  const auto t0 = clock_type::now();
+  const auto [status, out] = run_command(
+      launcher +
+      " -n 3 --grace 0.3 sh -c 'if [ $RANK = 1 ]; then echo failing; exit 7; fi; sleep 60' "
+      "2>/dev/null");
+  CHECK(status == 7);  // the failing rank's status
+  CHECK(contains(out, "[rank 1] failing"));
+  CHECK(seconds_since(t0) < 20.0);  // the sleeping ranks were stopped, not waited for
+  CHECK(run_command(launcher + " -n 2 false 2>/dev/null").first == 1);
+  CHECK(run_command(launcher + " -n 0 true 2>/dev/null").first == 2);  // usage error
+}
+#endif
