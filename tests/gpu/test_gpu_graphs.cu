@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpu_test.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -14,11 +16,6 @@
 namespace cg = ccgraph;
 
 namespace {
-
-int gpus() {
-  static const int n = cg::cuda::device_count();
-  return n;
-}
 
 template <class T>
 std::vector<double> values(const cg::tensor<T>& t) {
@@ -101,19 +98,19 @@ void seed_program_all_modes(int n, std::int64_t size) {
 
 }  // namespace
 
-TEST_CASE("gpu_graphs.seed_program.all_modes.1_gpu" * doctest::skip(gpus() < 1)) {
+TEST_CASE("gpu_graphs.seed_program.all_modes.1_gpu" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
   seed_program_all_modes(1, 96);
 }
 
-TEST_CASE("gpu_graphs.seed_program.all_modes.2_gpus" * doctest::skip(gpus() < 2)) {
+TEST_CASE("gpu_graphs.seed_program.all_modes.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   seed_program_all_modes(2, 96);
   seed_program_all_modes(2, 257);  // odd sizes: unaligned rows for the GEMM and the kernels
 }
 
-TEST_CASE("gpu_graphs.seed_cudagraph_case.bf16" * doctest::skip(gpus() < 1)) {
+TEST_CASE("gpu_graphs.seed_cudagraph_case.bf16" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
   // bf16, n in {1024, 2048, 4096}, three calls each: `y = x*x; all_reduce(y); x = silu(x);
   // return x*y`, against the CPU backend in float over the same bf16 inputs.
-  const int ranks = gpus() >= 2 ? 2 : 1;
+  const int ranks = ccgraph_test::gpu_count() >= 2 ? 2 : 1;
   const cg::group world = world_ranks(ranks);
   for (std::int64_t n : {1024, 2048, 4096}) {
     std::vector<std::vector<std::vector<double>>> ref(static_cast<std::size_t>(ranks));
@@ -137,7 +134,7 @@ TEST_CASE("gpu_graphs.seed_cudagraph_case.bf16" * doctest::skip(gpus() < 1)) {
   }
 }
 
-TEST_CASE("gpu_graphs.static_inputs_are_bound_by_pointer" * doctest::skip(gpus() < 1)) {
+TEST_CASE("gpu_graphs.static_inputs_are_bound_by_pointer" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
   cg::cuda::run_gpus(1, [](cg::rank_context& ctx) {
     auto g = cg::trace([](auto a) { return cg::eval(cg::relu(a) * 2.f); }, cg::input<float>({1000}));
     auto exe = cg::compile(g, ctx, {.cuda_graph = true});

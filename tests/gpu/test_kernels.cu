@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpu_test.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,19 +30,7 @@ namespace cg = ccgraph;
 
 namespace {
 
-// The same check as test_cuda_basics.cu (each test TU keeps its own: they share no header).
-bool gpu_available() {
-  static const bool available = [] {
-    int n = 0;
-    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    (void)cudaGetLastError();  // "no device" must not leak into the first test's checks
-    return ok;
-  }();
-  return available;
-}
-
-// doctest::skip is evaluated when the cases register (before main); gpu_available() caches.
-#define GPU_TEST_CASE(name) TEST_CASE(name * doctest::skip(!gpu_available()))
+using ccgraph_test::gpu_available;
 
 // ---- device buffers ------------------------------------------------------------------------
 

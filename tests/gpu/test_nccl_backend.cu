@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gpu_test.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -17,13 +19,6 @@
 namespace cg = ccgraph;
 
 namespace {
-
-int gpus() {
-  static const int n = cg::cuda::device_count();
-  return n;
-}
-
-#define GPU_TEST_CASE(name) TEST_CASE(name * doctest::skip(gpus() < 1))
 
 /// Host values of a tensor as doubles (any element type).
 template <class T>
@@ -132,8 +127,8 @@ results collective_suite(cg::rank_context& ctx) {
 }  // namespace
 
 TEST_CASE("nccl.device_present") {
-  if (gpus() < 1) MESSAGE("no CUDA device: the nccl backend cases are skipped");
-  if (gpus() == 1) MESSAGE("one CUDA device: the two-rank cases are skipped");
+  if (ccgraph_test::gpu_count() < 1) MESSAGE("no CUDA device: the nccl backend cases are skipped");
+  if (ccgraph_test::gpu_count() == 1) MESSAGE("one CUDA device: the two-rank cases are skipped");
 }
 
 GPU_TEST_CASE("device_tensor.round_trip_and_factories") {
@@ -202,11 +197,11 @@ GPU_TEST_CASE("device_tensor.mixed_devices_are_errors") {
 
 GPU_TEST_CASE("nccl.collectives_match_threads_backend.1_gpu") { same_as_threads(1, collective_suite); }
 
-TEST_CASE("nccl.collectives_match_threads_backend.2_gpus" * doctest::skip(gpus() < 2)) {
+TEST_CASE("nccl.collectives_match_threads_backend.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   same_as_threads(2, collective_suite);
 }
 
-TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(gpus() < 2)) {
+TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   same_as_threads(2, [](cg::rank_context& ctx) {
     results out;
     auto x = cg::full<float>({4}, static_cast<float>(ctx.rank() + 1));
@@ -219,7 +214,7 @@ TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(gpus() < 2)) {
   });
 }
 
-TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(gpus() < 2)) {
+TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   cg::cuda::nccl_options opt;
   opt.timeout = std::chrono::milliseconds(3000);
   const auto start = std::chrono::steady_clock::now();
@@ -235,7 +230,7 @@ TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(gpus() < 2)) {
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
 }
 
-TEST_CASE("nccl.failing_rank_aborts_its_peers.2_gpus" * doctest::skip(gpus() < 2)) {
+TEST_CASE("nccl.failing_rank_aborts_its_peers.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   std::string peer;
   std::mutex mu;
   CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(2,
@@ -255,6 +250,6 @@ TEST_CASE("nccl.failing_rank_aborts_its_peers.2_gpus" * doctest::skip(gpus() < 2
 }
 
 TEST_CASE("nccl.run_gpus_rejects_more_ranks_than_gpus") {
-  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(gpus() + 1, [](cg::rank_context&) {}),
+  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(ccgraph_test::gpu_count() + 1, [](cg::rank_context&) {}),
                        doctest::Contains("CUDA device"), cg::error);
 }

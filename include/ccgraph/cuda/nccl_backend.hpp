@@ -9,12 +9,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,6 +32,7 @@
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/runtime/communicator.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/runtime/store.hpp>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -43,14 +46,12 @@ struct nccl_options {
   /// Defaults to $CCGRAPH_TIMEOUT_MS, else 300 s.
   std::chrono::milliseconds timeout = default_timeout();
 
+  /// Most thread blocks (SMs) one collective may use, 0 for NCCL's choice (NCCL_MAX_CTAS
+  /// also sets it). Fewer leave more of the GPU to the compute a collective overlaps with.
+  int max_ctas = 0;
+
   /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
-  static std::chrono::milliseconds default_timeout() {
-    if (const char* s = std::getenv("CCGRAPH_TIMEOUT_MS")) {
-      const long long v = std::atoll(s);
-      if (v > 0) return std::chrono::milliseconds(v);
-    }
-    return std::chrono::milliseconds(300000);
-  }
+  static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
 };
 
 namespace detail {
@@ -125,12 +126,39 @@ class local_id_exchange final : public id_exchange {
   bool aborted_ = false;
 };
 
+/// id_exchange through a rendezvous store (one process per GPU): the creator sets
+/// "ccgraph/nccl_id/<key>", the others get it (the store's timeout names the key).
+class store_id_exchange final : public id_exchange {
+ public:
+  explicit store_id_exchange(std::shared_ptr<::ccgraph::store> s) : store_(std::move(s)) {}
+  ncclUniqueId get(const std::string& key, bool creator, std::chrono::milliseconds) override {
+    const std::string k = "ccgraph/nccl_id/" + key;
+    ncclUniqueId id{};
+    if (creator) {
+      CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
+      std::vector<std::uint8_t> bytes(sizeof id);
+      std::memcpy(bytes.data(), &id, sizeof id);
+      store_->set(k, bytes);
+      return id;
+    }
+    const std::vector<std::uint8_t> bytes = store_->get(k);
+    CCGRAPH_CHECK(bytes.size() == sizeof id, "nccl: store key ", k, " holds ", bytes.size(),
+                  " bytes, not an NCCL unique id (", sizeof id, ")");
+    std::memcpy(&id, bytes.data(), sizeof id);
+    return id;
+  }
+
+ private:
+  std::shared_ptr<::ccgraph::store> store_;
+};
+
 /// State shared by the ranks of one run: who failed first, and why.
 class gpu_world {
  public:
   /// Records that `rank` failed with `e` (the first failure wins).
   void abort(int rank, std::exception_ptr e) {
     std::lock_guard lk(mu_);
+    cv_.notify_all();
     if (aborted_) return;
     aborted_ = true;
     failed_rank_ = rank;
@@ -162,21 +190,61 @@ class gpu_world {
     return first_error_;
   }
 
+  /// The ranks' meeting point at their end: true once all `n` arrived (their communicators can
+  /// then be destroyed cleanly), false when the world was aborted or `timeout` passed first
+  /// (then they are aborted: destroying one may wait for a peer that will never come).
+  bool finish(int n, std::chrono::milliseconds timeout) {
+    std::unique_lock lk(mu_);
+    ++finished_;
+    cv_.notify_all();
+    return cv_.wait_for(lk, timeout, [&] { return aborted_ || finished_ >= n; }) && !aborted_;
+  }
+
  private:
   mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int finished_ = 0;
   bool aborted_ = false;
   int failed_rank_ = -1;
   std::string failure_;
   std::exception_ptr first_error_;
 };
 
-/// An owned event that several holders share (a work and the rank's in-flight list).
+/// An event that several holders share (a work and the rank's in-flight list).
 using shared_event = std::shared_ptr<CUevent_st>;
-inline shared_event make_event() {
-  cudaEvent_t e = nullptr;
-  CCGRAPH_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return shared_event(e, [](cudaEvent_t x) { (void)cudaEventDestroy(x); });
-}
+
+/// Recycles a rank's events: creating and destroying two per collective would cost more than
+/// the launch itself. An event goes back when its last holder drops it; re-recording one that
+/// is still pending is fine (waits enqueued earlier keep the earlier record).
+class event_pool : public std::enable_shared_from_this<event_pool> {
+ public:
+  event_pool() = default;
+  event_pool(const event_pool&) = delete;
+  event_pool& operator=(const event_pool&) = delete;
+  ~event_pool() {
+    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
+  }
+  shared_event get() {
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard lk(mu_);
+      if (!free_.empty()) {
+        e = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (!e) CCGRAPH_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return shared_event(e, [pool = shared_from_this()](cudaEvent_t x) { pool->put(x); });
+  }
+
+ private:
+  void put(cudaEvent_t e) {
+    std::lock_guard lk(mu_);
+    free_.push_back(e);
+  }
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
 
 /// True while the calling thread's stream records a CUDA Graph (queries are illegal then).
 inline bool capturing() {
@@ -187,6 +255,17 @@ inline bool capturing() {
   }
   return st != cudaStreamCaptureStatusNone;
 }
+
+/// Collectives run on blocking communicators (see nccl_rank::comm_for), whose first collective
+/// would otherwise make its connections lazily, blocking the host inside ncclGroupEnd until the
+/// peer shows up: a missing peer would hang it there, out of the watchdog's reach. So NCCL
+/// connects everything when a communicator is set up, where the non-blocking parent enforces
+/// the timeout. NCCL reads the variable once, at its first communicator, so it is set when the
+/// program starts (a value the user set is kept).
+inline const bool nccl_connect_at_setup = [] {
+  ::setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+  return true;
+}();
 
 class nccl_rank;
 
@@ -227,17 +306,25 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         ids_(std::move(ids)),
         world_(std::move(world)),
         opt_(opt),
-        comm_stream_(make_comm_stream()) {
+        comm_stream_(make_comm_stream()),
+        events_(std::make_shared<event_pool>()) {
     watchdog_.check = [this](std::chrono::steady_clock::duration waited, const char* what) {
       check_health(waited, what);
     };
   }
   nccl_rank(const nccl_rank&) = delete;
   nccl_rank& operator=(const nccl_rank&) = delete;
-  ~nccl_rank() override {
-    // Local teardown only: the rank already drained its streams (or aborted).
-    for (auto& [k, c] : comms_)
-      if (c) (void)ncclCommDestroy(c.release());
+  ~nccl_rank() override { abort_comms(); }  // whatever close() did not end cleanly
+
+  /// Ends the rank's communicators: destroyed when `clean` (every peer is done with them too),
+  /// else aborted (a peer may still be waiting: destroying could wait for it forever).
+  void close(bool clean) {
+    if (!clean) return abort_comms();
+    for (auto& [k, c] : comms_) {
+      if (c.data) (void)ncclCommDestroy(c.data.release());
+      if (c.setup) (void)ncclCommDestroy(c.setup.release());
+    }
+    comms_.clear();
   }
 
   /// This rank, the world size and its CUDA device.
@@ -253,7 +340,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// every member must ask for it (they do, by calling a collective on the group).
   ncclComm_t comm_for(const std::vector<int>& ranks) {
     auto it = comms_.find(ranks);
-    if (it != comms_.end()) return it->second.get();
+    if (it != comms_.end()) return it->second.data ? it->second.data.get() : it->second.setup.get();
     std::string key = "nccl/";
     for (std::size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
@@ -267,8 +354,25 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const ncclResult_t r =
         ncclCommInitRankConfig(&c, static_cast<int>(ranks.size()), id, static_cast<int>(pos), &cfg);
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
+    comm_pair& pair = comms_[ranks];
+    pair.setup = nccl_comm(c);
     settle(c, ("ncclCommInitRankConfig(" + key + ")").c_str());
-    return comms_.emplace(ranks, nccl_comm(c)).first->second.get();
+    // Set-up ran non-blocking so that it can time out; collectives run on a blocking child
+    // made by ncclCommSplit (collective over the same members, right away): a non-blocking
+    // communicator may hand each launch to a helper thread and costs tens of microseconds per
+    // collective. A hang on the blocking one is still ended by the watchdog's abort.
+    if (const char* nb = std::getenv("CCGRAPH_NCCL_NONBLOCKING"); nb && *nb == '1') {
+      return c;  // (kept as a switch to compare the two modes)
+    }
+    ncclConfig_t data_cfg = NCCL_CONFIG_INITIALIZER;
+    data_cfg.blocking = 1;
+    if (opt_.max_ctas > 0) data_cfg.maxCTAs = opt_.max_ctas;
+    ncclComm_t d = nullptr;
+    const ncclResult_t sr = ncclCommSplit(c, 0, static_cast<int>(pos), &d, &data_cfg);
+    if (sr != ncclInProgress) CCGRAPH_CHECK_NCCL(sr);
+    settle(c, ("ncclCommSplit(" + key + ")").c_str());
+    pair.data = nccl_comm(d);
+    return d;
   }
 
   /// Starts `req` on the communication stream after the work already queued on the calling
@@ -280,7 +384,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     ncclComm_t c = comm_for(req->group.ranks);
     const cudaStream_t producer = current_stream();
     const bool in_capture = capturing();
-    shared_event ready = make_event(), done = make_event();
+    shared_event ready = events_->get(), done = events_->get();
     CCGRAPH_CHECK_CUDA(cudaEventRecord(ready.get(), producer));
     CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready.get(), 0));
     CCGRAPH_CHECK_NCCL(ncclGroupStart());
@@ -294,13 +398,20 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
     if (r == ncclInProgress) settle(c, what);
     CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream()));
-    if (!in_capture) track(done, *req);
+    if (!in_capture) track(done, req);
     return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req));
   }
 
   /// The calling thread's stream waits for everything launched on the communication stream.
+  /// While recording a CUDA Graph that launched no collective, the communication stream is not
+  /// part of the recording and there is nothing to join.
   void join() override {
-    shared_event e = make_event();
+    if (capturing()) {
+      cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+      CCGRAPH_CHECK_CUDA(cudaStreamIsCapturing(comm_stream(), &st));
+      if (st != cudaStreamCaptureStatusActive) return;
+    }
+    shared_event e = events_->get();
     CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
     CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
   }
@@ -315,8 +426,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Tears down every communicator of this rank without waiting for peers: in-flight kernels
   /// end, and later NCCL calls fail. Safe to call more than once.
   void abort_comms() {
-    for (auto& [k, c] : comms_)
-      if (c) (void)ncclCommAbort(c.release());
+    for (auto& [k, c] : comms_) {
+      if (c.data) (void)ncclCommAbort(c.data.release());
+      if (c.setup) (void)ncclCommAbort(c.setup.release());
+    }
     comms_.clear();
   }
 
@@ -341,9 +454,13 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
  private:
   struct inflight {
     shared_event done;
-    std::string what;
-    std::vector<int> ranks;
-    std::vector<tensor_meta> metas;
+    std::shared_ptr<::ccgraph::detail::collective_request> req;  // for the timeout's message
+  };
+  /// A group's communicators: the non-blocking one it was set up with and the blocking child
+  /// its collectives run on.
+  struct comm_pair {
+    nccl_comm setup;
+    nccl_comm data;  // empty under CCGRAPH_NCCL_NONBLOCKING=1: collectives use `setup`
   };
 
   static stream make_comm_stream() {
@@ -377,11 +494,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     }
   }
 
-  void track(const shared_event& done, const ::ccgraph::detail::collective_request& req) {
+  /// Remembers a launched collective until it is seen complete (it holds its buffers until
+  /// then, which is when they may be freed anyway).
+  void track(const shared_event& done, const std::shared_ptr<::ccgraph::detail::collective_request>& req) {
     while (!inflight_.empty() && cudaEventQuery(inflight_.front().done.get()) == cudaSuccess)
       inflight_.pop_front();
-    inflight_.push_back({done, std::visit([](const auto& o) { return std::string(o.name); }, req.op),
-                         req.group.ranks, req.input_metas()});
+    inflight_.push_back({done, req});
   }
 
   /// The watchdog: a peer's failure or a communicator error ends the wait at once; so does
@@ -391,7 +509,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       abort_comms();
       fail_if_aborted();
     }
-    for (auto& [k, c] : comms_) {
+    for (auto& [k, pair] : comms_) {
+      const nccl_comm& c = pair.data ? pair.data : pair.setup;
       if (!c) continue;
       ncclResult_t st = ncclSuccess;
       if (ncclCommGetAsyncError(c.get(), &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
@@ -403,8 +522,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     std::string pending = "none";
     for (auto& f : inflight_)
       if (cudaEventQuery(f.done.get()) != cudaSuccess) {
-        pending = ::ccgraph::detail::concat(f.what, " over ranks ", list_str(f.ranks), " with input ",
-                                            f.metas.empty() ? std::string("-") : f.metas.front().str());
+        pending = f.req->describe();
         break;
       }
     abort_comms();
@@ -480,7 +598,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::shared_ptr<gpu_world> world_;
   nccl_options opt_;
   stream comm_stream_;
-  std::map<std::vector<int>, nccl_comm> comms_;
+  std::shared_ptr<event_pool> events_;
+  std::map<std::vector<int>, comm_pair> comms_;
   std::deque<inflight> inflight_;
   std::string local_failure_;
   wait_watchdog watchdog_;
@@ -494,6 +613,85 @@ inline void nccl_work::wait() const {
 }
 
 }  // namespace detail
+
+/// This process's rank when each GPU has its own process (launched by torchrun, mpirun with
+/// the variables set, or scripts/ccgraph-launch). Made by init_from_env(); while it lives, the
+/// thread that made it is the rank: collectives called there go through its communicator,
+/// tensors are created on its GPU, and compute runs on its stream. Destroy it on that thread;
+/// the destructor waits for the rank's queued work (with the watchdog).
+class process_rank {
+ public:
+  process_rank(const env_config& cfg, nccl_options opt)
+      : cfg_(cfg),
+        store_(make_store_from_env(cfg)),
+        world_(std::make_shared<detail::gpu_world>()),
+        registry_(std::make_shared<group_registry>(cfg.world_size)),
+        device_(set_device(cfg)),
+        dev_guard_(device::cuda(device_)),
+        compute_(cudaStreamNonBlocking),
+        on_(compute_.get()) {
+    comm_ = std::make_shared<detail::nccl_rank>(cfg.rank, cfg.world_size, device_,
+                                                std::make_shared<detail::store_id_exchange>(store_),
+                                                world_, opt);
+    watchdog_.emplace(comm_->watchdog());
+    std::vector<int> all(static_cast<std::size_t>(cfg.world_size));
+    for (int i = 0; i < cfg.world_size; ++i) all[static_cast<std::size_t>(i)] = i;
+    (void)comm_->comm_for(all);
+    ctx_.emplace(cfg.rank, cfg.world_size, device::cuda(device_), registry_, comm_);
+    scope_.emplace(*ctx_);
+  }
+  process_rank(const process_rank&) = delete;
+  process_rank& operator=(const process_rank&) = delete;
+  ~process_rank() {
+    scope_.reset();
+    try {
+      detail::wait_stream(compute_.get(), "draining the rank's compute at its end");
+      comm_->drain();
+      barrier(*store_, "ccgraph/finish", cfg_.rank, cfg_.world_size);  // peers are done too
+      comm_->close(true);
+    } catch (...) {
+      comm_->close(false);  // a destructor cannot report it; peers see the abort
+    }
+    ctx_.reset();
+    watchdog_.reset();
+  }
+
+  /// The rank's context (rank, world size, device, groups).
+  rank_context& context() { return *ctx_; }
+  /// The launcher's settings this rank was made from.
+  const env_config& config() const { return cfg_; }
+  /// The rendezvous store (for the program's own keys and barriers).
+  ::ccgraph::store& rendezvous() { return *store_; }
+
+ private:
+  static int set_device(const env_config& cfg) {
+    const int n = device_count();
+    CCGRAPH_CHECK(cfg.local_rank < n, "init_from_env: LOCAL_RANK=", cfg.local_rank, " but ", n,
+                  " CUDA device", n == 1 ? " is" : "s are", " visible");
+    CCGRAPH_CHECK_CUDA(cudaSetDevice(cfg.local_rank));
+    return cfg.local_rank;
+  }
+
+  env_config cfg_;
+  std::shared_ptr<::ccgraph::store> store_;
+  std::shared_ptr<detail::gpu_world> world_;
+  std::shared_ptr<group_registry> registry_;
+  int device_;
+  device_guard dev_guard_;
+  stream compute_;
+  stream_guard on_;
+  std::shared_ptr<detail::nccl_rank> comm_;
+  std::optional<detail::nccl_rank::current_watchdog_guard> watchdog_;
+  std::optional<rank_context> ctx_;
+  std::optional<::ccgraph::detail::rank_scope> scope_;
+};
+
+/// Joins the job described by the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+/// MASTER_ADDR, MASTER_PORT; CCGRAPH_STORE_FILE for a file store): this process becomes one
+/// rank on GPU LOCAL_RANK, its NCCL world communicator made through the rendezvous store.
+inline std::unique_ptr<process_rank> init_from_env(nccl_options opt = {}) {
+  return std::make_unique<process_rank>(env_config::from_env(), opt);
+}
 
 /// Runs `fn(rank_context&)` on `n` GPUs of this process, one thread per GPU (rank r on device
 /// r), with NCCL communicators; returns when all ranks finished. Each rank's tensors are created
@@ -530,6 +728,7 @@ void run_gpus(int n, F&& fn, nccl_options opt = {}) {
         }
         detail::wait_stream(compute.get(), "draining the rank's compute at its end");
         comm->drain();
+        comm->close(world->finish(n, opt.timeout));
       } catch (...) {
         world->abort(r, std::current_exception());
         ids->abort();

@@ -354,6 +354,20 @@ void pointwise_run(const K& k, T* out, const std::int64_t* offsets, std::int64_t
   for (; i < n; ++i) out[i] = k.load(offsets, i);
 }
 
+/// Each tensor operand's strides over `out`'s shape (0 along broadcast dims), the output's
+/// first: how the strided loops and the device kernel index every operand.
+template <class E, class T>
+std::array<strides_t, structure<E>::tensor_leaves + 1> operand_strides(const E& e, const tensor<T>& out) {
+  std::array<strides_t, structure<E>::tensor_leaves + 1> strides;
+  strides[0] = out.strides();
+  std::size_t next = 1;
+  visit_leaves(e, [&](const auto& leaf) {
+    if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
+      strides[next++] = tensor<T>::detail_broadcast_strides(leaf.value, out.shape());
+  });
+  return strides;
+}
+
 /// Evaluates expression `e` into `out` (shape e.shape(), any strides) in one loop. `out` may be
 /// one of the operands only when it has the same layout and shape (no broadcast reads).
 template <class E>
@@ -373,15 +387,8 @@ void evaluate_into(const E& e, const tensor<typename E::value_type>& out) {
   if (dev.is_cuda()) {
     // One kernel for the whole tree. Reading the leaves' pointers (make_kernel) orders this
     // stream after any collective still writing them.
-    std::array<strides_t, n_leaves + 1> strides;
-    strides[0] = out.strides();
-    std::size_t next = 1;
-    visit_leaves(e, [&](const auto& leaf) {
-      if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
-        strides[next++] = tensor<T>::detail_broadcast_strides(leaf.value, shape);
-    });
     const auto k = make_kernel<1>(e);
-    launch_device_pointwise("pointwise", dev, k, out.data(), shape, strides);
+    launch_device_pointwise("pointwise", dev, k, out.data(), shape, operand_strides(e, out));
     return;
   }
   const auto k = make_kernel<1>(e);
@@ -396,14 +403,8 @@ void evaluate_into(const E& e, const tensor<typename E::value_type>& out) {
     pointwise_run(k, o, zero.data(), out.numel());
     return;
   }
-  // Strided/broadcast path: one offset per operand, stride 0 along broadcast dims.
-  std::array<strides_t, n_leaves + 1> strides;
-  strides[0] = out.strides();
-  std::size_t next = 1;
-  visit_leaves(e, [&](const auto& leaf) {
-    if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
-      strides[next++] = tensor<T>::detail_broadcast_strides(leaf.value, shape);
-  });
+  // Strided/broadcast path: one offset per operand.
+  const std::array<strides_t, n_leaves + 1> strides = operand_strides(e, out);
   std::array<const strides_t*, n_leaves + 1> ptrs;
   // A strided path has rank >= 1 (rank 0 is always flat); a last dim of size 1 has any stride.
   bool rows = true;

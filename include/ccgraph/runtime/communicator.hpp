@@ -2,7 +2,9 @@
 // interface every backend (threads, nccl, the tracer's fake) implements.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +16,16 @@
 #include <ccgraph/tensor/storage.hpp>
 
 namespace ccgraph::detail {
+
+/// How long a backend waits for its peers by default: $CCGRAPH_TIMEOUT_MS if set to a positive
+/// number, else 300 s (every backend's options start from this).
+inline std::chrono::milliseconds default_timeout() {
+  if (const char* s = std::getenv("CCGRAPH_TIMEOUT_MS")) {
+    const long long v = std::atoll(s);
+    if (v > 0) return std::chrono::milliseconds(v);
+  }
+  return std::chrono::milliseconds(300000);
+}
 
 /// A contiguous, type-erased tensor: storage (kept alive), element offset and meta.
 struct buffer {

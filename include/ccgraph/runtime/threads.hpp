@@ -31,13 +31,7 @@ struct threads_options {
   std::chrono::milliseconds timeout = default_timeout();
 
   /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
-  static std::chrono::milliseconds default_timeout() {
-    if (const char* s = std::getenv("CCGRAPH_TIMEOUT_MS")) {
-      const long long v = std::atoll(s);
-      if (v > 0) return std::chrono::milliseconds(v);
-    }
-    return std::chrono::milliseconds(300000);
-  }
+  static std::chrono::milliseconds default_timeout() { return detail::default_timeout(); }
 };
 
 namespace detail {
