@@ -3,6 +3,7 @@
 // strides, torch.matmul's 1-d and batched rules, every element type, and its error messages.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -266,4 +267,38 @@ TEST_CASE("matmul.meta_and_flops") {
   static_assert(std::is_same_v<decltype(cg::matmul(cg::tensor<cg::bf16>{}, cg::tensor<cg::bf16>{})),
                                cg::tensor<cg::bf16>>);
   static_assert(std::is_same_v<cg::detail::matmul_acc_t<cg::f16>, float>);
+}
+
+TEST_CASE("matmul.f32.512_well_under_100ms_on_one_core") {
+  // The foundation's performance bar: a 512x512 float matmul well under 100 ms on one core
+  // (bench/RESULTS.md: about 12 ms; 7 ms on the 2-core CI machine under load). The bound is half
+  // the target: a textbook i-j-k triple loop (about 80 ms there) fails it. Only an optimised,
+  // uninstrumented build can be timed: the sanitizer builds (-O1, no NDEBUG) skip it. Best of 5,
+  // so that a loaded machine (other tests run beside this one) does not fail it.
+#if defined(NDEBUG) && defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  auto a = cg::uniform<float>({512, 512}, -1, 1, 11);
+  auto b = cg::uniform<float>({512, 512}, -1, 1, 12);
+  double best_ms = 1e9;
+  cg::tensor<float> c;
+  for (int run = 0; run < 5; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    c = cg::matmul(a, b);
+    best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  MESSAGE("512x512x512 f32 matmul: best of 5 = ", best_ms, " ms");
+  CHECK(best_ms < 50.0);
+  // The timed product is a real one: spot-check a few entries against the naive sum.
+  const auto av = a.to_vector(), bv = b.to_vector(), cv = c.to_vector();
+  for (const std::array<i64, 2> ij : {std::array<i64, 2>{0, 0}, {511, 511}, {17, 300}, {400, 3}}) {
+    double want = 0, scale = 0;
+    for (i64 k = 0; k < 512; ++k) {
+      const double t = double(av[static_cast<std::size_t>(ij[0] * 512 + k)]) * bv[static_cast<std::size_t>(k * 512 + ij[1])];
+      want += t;
+      scale += std::abs(t);
+    }
+    CHECK(std::abs(cv[static_cast<std::size_t>(ij[0] * 512 + ij[1])] - want) <= 1e-5 * scale + 1e-6);
+  }
+#else
+  MESSAGE("not timed: an unoptimised or sanitized build");
+#endif
 }

@@ -316,6 +316,64 @@ TEST_CASE("stress.world16_mixed_collectives") {
       opts());
 }
 
+TEST_CASE("collectives.every_world_size_1_to_16") {
+  // The reference sweeps (tests/ops/test_collectives.cpp) use world sizes 1, 2, 3, 4, 8 and the
+  // stress test 16; this covers every size in between, odd ones and primes included, where an
+  // off-by-one in splitting, slot assignment or rendezvous would show. Each result has a closed
+  // form in (n, rank).
+  for (int n = 1; n <= 16; ++n) {
+    CAPTURE(n);
+    std::atomic<int> wrong{0}, ranks_done{0};
+    cg::run_threads(
+        n,
+        [&](cg::rank_context& ctx) {
+          const int me = ctx.rank();
+          const std::int64_t nn = n;
+          auto expect = [&](bool ok) { wrong += ok ? 0 : 1; };
+          // all_reduce: sum of (r + 1) over the ranks, and max.
+          const auto x = cg::full<std::int64_t>({3}, me + 1);
+          expect(cg::all_reduce(x, "sum", ctx.world()).to_vector() ==
+                 std::vector<std::int64_t>(3, nn * (nn + 1) / 2));
+          expect(cg::all_reduce(x, "max", ctx.world()).to_vector() == std::vector<std::int64_t>(3, nn));
+          // all_gather_tensor on dim 1: column r holds r.
+          std::vector<std::int64_t> cols(static_cast<std::size_t>(2 * n));
+          for (int r = 0; r < n; ++r) cols[static_cast<std::size_t>(r)] = cols[static_cast<std::size_t>(n + r)] = r;
+          expect(cg::all_gather_tensor(cg::full<std::int64_t>({2, 1}, me), 1, ctx.world()).to_vector() == cols);
+          // reduce_scatter_tensor: element i of every rank's input is i + r; rank me keeps
+          // elements 2 me and 2 me + 1, each summed over the ranks.
+          std::vector<std::int64_t> ramp(static_cast<std::size_t>(2 * n));
+          std::iota(ramp.begin(), ramp.end(), std::int64_t{me});
+          auto rs = cg::reduce_scatter_tensor(cg::tensor<std::int64_t>::from(ramp, {2 * nn}), "sum", 0, ctx.world());
+          const std::int64_t base = nn * (nn - 1) / 2;
+          expect(rs.to_vector() == std::vector<std::int64_t>{nn * 2 * me + base, nn * (2 * me + 1) + base});
+          // all_to_all_single, even splits: element j of rank r's input goes to rank j.
+          std::vector<std::int64_t> from_each(static_cast<std::size_t>(n));
+          std::iota(from_each.begin(), from_each.end(), 0);
+          expect(cg::all_to_all_single(cg::full<std::int64_t>({nn}, me), std::nullopt, std::nullopt, ctx.world())
+                     .to_vector() == from_each);
+          // broadcast from the last rank; permute_tensor by a rotation (rank i sends to i + 1).
+          expect(cg::broadcast(cg::full<float>({2}, float(me)), n - 1, ctx.world()).to_vector() ==
+                 std::vector<float>(2, float(n - 1)));
+          std::vector<int> rotation(static_cast<std::size_t>(n));
+          for (int i = 0; i < n; ++i) rotation[static_cast<std::size_t>(i)] = (i + 1) % n;
+          expect(cg::permute_tensor(cg::full<float>({2}, float(me)), rotation, ctx.world()).to_vector() ==
+                 std::vector<float>(2, float((me + n - 1) % n)));
+          // A subgroup of the first ceil(n / 2) ranks: only its members call.
+          const int half = (n + 1) / 2;
+          if (me < half) {
+            std::vector<int> members(static_cast<std::size_t>(half));
+            std::iota(members.begin(), members.end(), 0);
+            expect(cg::all_reduce(x, "sum", cg::group{members}).to_vector() ==
+                   std::vector<std::int64_t>(3, std::int64_t{half} * (half + 1) / 2));
+          }
+          ++ranks_done;
+        },
+        opts());
+    CHECK(ranks_done == n);
+    CHECK(wrong == 0);
+  }
+}
+
 // ================================ failures ================================
 
 TEST_CASE("abort.exception_on_one_rank_fails_every_other_rank") {

@@ -1060,3 +1060,55 @@ TEST_CASE("trace.property.random_programs_traced_equal_eager") {
     CHECK(ops_seen().count(op) == 1);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tracing cost
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+/// bench_trace's program (bench/bench_trace.cpp): per 16 steps 12 fused pointwise nodes, 5 view
+/// nodes and one all_reduce with its wait, 19 nodes in all.
+template <class V>
+V long_chain(V x, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    switch (i % 16) {
+      case 3: x = x.reshape({1, 1}); break;
+      case 4: x = x.select(0, 0); break;
+      case 8: x = x.unsqueeze(0).transpose(0, 1).reshape({1}); break;
+      case 12: x = cg::all_reduce(x, "sum", "0"); break;
+      default: x = V(cg::relu(x) * 0.5f + 1.f); break;
+    }
+  }
+  return x;
+}
+}  // namespace
+
+TEST_CASE("trace.cost.grows_linearly_with_program_size") {
+  // Tracing must stay close to linear in the number of nodes (bench/RESULTS.md records the
+  // times). A per-node cost that grows with the graph (naming the k-th `add` node by trying k
+  // names, as graph::unique_name once did; re-indexing every node on each append; a linear scan
+  // per lookup) makes the 16x larger program cost up to 16x more per node (the naming bug:
+  // 16x); linear tracing measures 1.0-2x (allocator and cache effects). Best of 3 of each size,
+  // taken in turn so both see the same load, and a 4x bound, so that timing noise (sanitizers,
+  // a loaded machine) does not fail it.
+  auto trace_us = [](int nodes, std::size_t& size) {
+    const int steps = nodes * 16 / 19;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto g = cg::trace(world(2), [steps](auto x) { return long_chain(x, steps); }, cg::input<float>({1}));
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    size = g.size();
+    return us;
+  };
+  std::size_t small_nodes = 0, large_nodes = 0;
+  double small = 1e30, large = 1e30;
+  for (int k = 0; k < 3; ++k) {
+    small = std::min(small, trace_us(500, small_nodes));
+    large = std::min(large, trace_us(8000, large_nodes));
+  }
+  REQUIRE(small_nodes >= 475);
+  REQUIRE(large_nodes >= 7600);
+  small /= static_cast<double>(small_nodes);
+  large /= static_cast<double>(large_nodes);
+  MESSAGE("trace: ", small, " us/node at ", small_nodes, " nodes, ", large, " us/node at ", large_nodes, " nodes");
+  CHECK(large / small < 4.0);
+}
