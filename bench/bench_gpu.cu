@@ -169,12 +169,19 @@ auto tp_mlp(const cg::group& g) {
   };
 }
 
-void ccgraph_bench(int n, bool quick) {
+/// Runs the workloads on `n` GPUs with `opt`. `tag` is appended to every impl name; with
+/// `programs_only` only the seed program and the TP MLP run (the overlap variants).
+void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const std::string& tag = "",
+                   bool programs_only = false) {
   std::vector<int> all(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
   const cg::group world = all;
+  auto report = [&tag](const std::string& w, const std::string& impl, double v, const std::string& unit) {
+    ::report(w, impl + tag, v, unit);
+  };
   cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) {
     const int r = ctx.rank();
+    if (!programs_only) {
     // busbw, bf16, out of place, the functional all_reduce
     for (auto& [name, bytes] : busbw_sizes) {
       const auto elems = static_cast<std::int64_t>(bytes / 2);
@@ -204,6 +211,7 @@ void ccgraph_bench(int n, bool quick) {
       auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench");
       const double replay = time_loop_ms([&](int) { (void)exe(bound); }, 5, 50);
       if (r == 0) report("allreduce_4KiB_graph", "ccgraph_cudagraph", replay / 64 * 1e3, "us");
+    }
     }
     // The seed overlap program.
     for (std::int64_t size : {std::int64_t{4096}, std::int64_t{8192}}) {
@@ -253,7 +261,7 @@ void ccgraph_bench(int n, bool quick) {
         if (r == 0) report("tp_mlp", "ccgraph_cudagraph_decomposed" + std::to_string(chunks), dm, "ms");
       }
     }
-  });
+  }, nopt);
 }
 
 }  // namespace
@@ -272,6 +280,13 @@ int main(int argc, char** argv) {
   try {
     raw_nccl(n);
     ccgraph_bench(n, quick);
+    // Overlap variants: collectives capped at k CTAs, GEMMs leaving k SMs free while one runs.
+    for (int k : {8, 16}) {
+      cg::cuda::nccl_options o;
+      o.max_ctas = k;
+      o.gemm_sm_carveout = k;
+      ccgraph_bench(n, quick, o, "_sm" + std::to_string(k), true);
+    }
   } catch (const std::exception& e) {
     std::cerr << "bench_gpu: " << e.what() << '\n';
     return 1;

@@ -214,6 +214,36 @@ TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(ccgraph_test::gp
   });
 }
 
+TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  cg::cuda::nccl_options opt;
+  opt.gemm_sm_carveout = 16;
+  cg::cuda::run_gpus(
+      2,
+      [](cg::rank_context& ctx) {
+        auto& carveout = cg::cuda::detail::gemm_sm_carveout();
+        CHECK(carveout == 0);
+        const auto a = cg::uniform<float>({64, 64}, -1, 1, 7);
+        const auto plain = cg::matmul(a, a).to_vector();
+        auto y1 = cg::all_reduce(a, "sum", ctx.world());
+        auto y2 = cg::all_reduce(a, "max", ctx.world());
+        CHECK(carveout == 16);  // two collectives may be running
+        const auto beside = cg::matmul(a, a).to_vector();
+        REQUIRE(beside.size() == plain.size());
+        for (std::size_t i = 0; i < plain.size(); ++i)  // fewer SMs (maybe another algorithm): same result
+          CHECK(std::fabs(beside[i] - plain[i]) <= 1e-4f * (1.f + std::fabs(plain[i])));
+        y1.wait();
+        CHECK(carveout == 16);  // y2 is still out
+        y2.wait();
+        CHECK(carveout == 0);
+        {
+          auto y3 = cg::all_reduce(a, "sum", ctx.world());
+          CHECK(carveout == 16);
+        }  // dropped unwaited: its destructor joins it
+        CHECK(carveout == 0);
+      },
+      opt);
+}
+
 TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   cg::cuda::nccl_options opt;
   opt.timeout = std::chrono::milliseconds(3000);

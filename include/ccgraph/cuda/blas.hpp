@@ -147,6 +147,7 @@ struct gemm_key {
   dtype dt;
   bool ta, tb;
   std::uint32_t align_a, align_b, align_c;
+  std::int32_t sm_target;  // 0: every SM
   friend bool operator==(const gemm_key&, const gemm_key&) = default;
 };
 
@@ -166,6 +167,7 @@ struct gemm_key_hash {
     mix((static_cast<std::uint64_t>(key.dt) << 2) | (key.ta ? 2u : 0u) | (key.tb ? 1u : 0u));
     mix((static_cast<std::uint64_t>(key.align_a) << 40) |
         (static_cast<std::uint64_t>(key.align_b) << 20) | key.align_c);
+    mix(static_cast<std::uint64_t>(key.sm_target));
     return h;
   }
 };
@@ -196,10 +198,14 @@ class blas_context {
     cublasLtHandle_t h = nullptr;
     CCGRAPH_CHECK_CUBLAS(cublasLtCreate(&h));
     lt_.reset(h);
+    CCGRAPH_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
   }
 
   /// The device this state belongs to.
   int device_index() const noexcept { return device_; }
+
+  /// The device's multiprocessor count.
+  int sm_count() const noexcept { return sm_count_; }
 
   /// The cuBLASLt handle.
   cublasLtHandle_t lt() const noexcept { return lt_.get(); }
@@ -250,6 +256,9 @@ class blas_context {
                                                         sizeof(op_a)));
     CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
                                                         sizeof(op_b)));
+    if (key.sm_target > 0)
+      CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                          &key.sm_target, sizeof(key.sm_target)));
     // Layouts describe the stored (column-major) matrices, before the op.
     auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
       cublasLtMatrixLayout_t l = nullptr;
@@ -292,6 +301,7 @@ class blas_context {
   }
 
   int device_;
+  int sm_count_ = 0;
   // Destroyed bottom-up: plans, then workspaces (cudaFree waits for the GEMMs using them), then
   // the handles.
   unique_cublas<cublasLtHandle_t, cublasLtDestroy> lt_;
@@ -308,6 +318,15 @@ inline blas_context& blas_context_for(int dev) {
   if (contexts.size() <= i) contexts.resize(i + 1);
   if (!contexts[i]) contexts[i] = std::make_unique<blas_context>(dev);
   return *contexts[i];
+}
+
+/// SMs that GEMMs issued by the calling thread leave free for other kernels (0: none). The
+/// nccl backend sets it while a collective it launched may still be running, so that the
+/// collective's kernels find SMs beside a GEMM that would otherwise fill the device (cuBLASLt's
+/// SM-count target); see nccl_options::gemm_sm_carveout.
+inline int& gemm_sm_carveout() noexcept {
+  thread_local int sms = 0;
+  return sms;
 }
 
 /// Which cuBLAS entry point a GEMM uses: cuBLASLt with its heuristic's algorithm (falling back
@@ -354,8 +373,10 @@ inline void gemm_with(gemm_backend backend, device dev, dtype dt, std::int64_t m
   const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
 
   if (backend != gemm_backend::gemm_ex) {
-    const gemm_key key{m, n, k, lda, ldb, ldc, dt, ta, tb,
-                       pointer_alignment(a), pointer_alignment(b), pointer_alignment(c)};
+    const int carveout = gemm_sm_carveout();
+    const std::int32_t sm_target = carveout > 0 && carveout < ctx.sm_count() ? ctx.sm_count() - carveout : 0;
+    const gemm_key key{m,  n,  k,  lda, ldb, ldc, dt, ta, tb, pointer_alignment(a), pointer_alignment(b),
+                       pointer_alignment(c), sm_target};
     const gemm_plan& plan = ctx.plan(key);
     if (plan.has_algo) {
       CCGRAPH_CHECK_CUBLAS(cublasLtMatmul(ctx.lt(), plan.desc.get(), alpha, b, plan.cu_a.get(), a,

@@ -38,4 +38,18 @@ inline cudaError_t graph_node_num_dependencies(cudaGraphNode_t node, std::size_t
 #endif
 }
 
+/// The capture status of `s` and, while it records, the graph nodes its next work will depend
+/// on (cudaStreamGetCaptureInfo, either signature). `deps` stays valid until the next call
+/// on `s`.
+inline cudaError_t capture_dependencies(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                        const cudaGraphNode_t** deps, std::size_t* count) noexcept {
+#if CCGRAPH_CUDA_PRE13 && CUDART_VERSION < 12030
+  return cudaStreamGetCaptureInfo_v2(s, status, nullptr, nullptr, deps, count);
+#elif CCGRAPH_CUDA_PRE13
+  return cudaStreamGetCaptureInfo_v3(s, status, nullptr, nullptr, deps, nullptr, count);
+#else
+  return cudaStreamGetCaptureInfo(s, status, nullptr, nullptr, deps, nullptr, count);
+#endif
+}
+
 }  // namespace ccgraph::cuda::detail

@@ -10,8 +10,10 @@
 
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ccgraph::cuda {
 
@@ -47,6 +49,43 @@ class graph {
     std::size_t n = 0;
     CCGRAPH_CHECK_CUDA(detail::graph_num_edges(get(), &n));
     return n;
+  }
+
+  /// "64 nodes (64 kernel, 1 memcpy), 64 edges": what capture recorded, by node kind.
+  [[nodiscard]] std::string summary() const { return summarize(get()); }
+
+  /// summary() of a graph this object does not own.
+  [[nodiscard]] static std::string summarize(cudaGraph_t g) {
+    std::size_t n = 0, edges = 0;
+    CCGRAPH_CHECK_CUDA(cudaGraphGetNodes(g, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (n) CCGRAPH_CHECK_CUDA(cudaGraphGetNodes(g, nodes.data(), &n));
+    CCGRAPH_CHECK_CUDA(detail::graph_num_edges(g, &edges));
+    std::map<std::string, std::size_t> kinds;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType t{};
+      CCGRAPH_CHECK_CUDA(cudaGraphNodeGetType(node, &t));
+      switch (t) {
+        case cudaGraphNodeTypeKernel: ++kinds["kernel"]; break;
+        case cudaGraphNodeTypeMemcpy: ++kinds["memcpy"]; break;
+        case cudaGraphNodeTypeMemset: ++kinds["memset"]; break;
+        case cudaGraphNodeTypeHost: ++kinds["host"]; break;
+        case cudaGraphNodeTypeGraph: ++kinds["child graph"]; break;
+        case cudaGraphNodeTypeEmpty: ++kinds["empty"]; break;
+        case cudaGraphNodeTypeWaitEvent: ++kinds["event wait"]; break;
+        case cudaGraphNodeTypeEventRecord: ++kinds["event record"]; break;
+        case cudaGraphNodeTypeMemAlloc: ++kinds["mem alloc"]; break;
+        case cudaGraphNodeTypeMemFree: ++kinds["mem free"]; break;
+        default: ++kinds["other"]; break;
+      }
+    }
+    std::string out = std::to_string(n) + " nodes (";
+    bool first = true;
+    for (auto& [k, c] : kinds) {
+      out += (first ? "" : ", ") + std::to_string(c) + " " + k;
+      first = false;
+    }
+    return out + "), " + std::to_string(edges) + " edges";
   }
 
   /// Writes the graph as Graphviz DOT to `path` (debugging: shows what capture recorded).

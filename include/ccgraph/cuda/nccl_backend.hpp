@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/cuda/compat.hpp>
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
@@ -50,8 +51,22 @@ struct nccl_options {
   /// also sets it). Fewer leave more of the GPU to the compute a collective overlaps with.
   int max_ctas = 0;
 
+  /// SMs that GEMMs leave free while a collective of this rank may still be running (launched,
+  /// not yet waited), so that the collective runs beside the GEMM instead of queueing for SMs a
+  /// GEMM fills; 0 for none. Defaults to $CCGRAPH_GEMM_SM_CARVEOUT, else 0.
+  int gemm_sm_carveout = default_gemm_sm_carveout();
+
   /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
   static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
+
+  /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
+  static int default_gemm_sm_carveout() {
+    const char* v = std::getenv("CCGRAPH_GEMM_SM_CARVEOUT");
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return *end == '\0' && n >= 0 && n <= 1024 ? static_cast<int>(n) : 0;
+  }
 };
 
 namespace detail {
@@ -277,9 +292,7 @@ class nccl_work final : public ::ccgraph::detail::work {
   nccl_work(std::shared_ptr<nccl_rank> owner, shared_event done,
             std::shared_ptr<::ccgraph::detail::collective_request> req)
       : owner_(std::move(owner)), done_(std::move(done)), req_(std::move(req)) {}
-  ~nccl_work() override {
-    if (req_) (void)cudaStreamWaitEvent(current_stream(), done_.get(), 0);
-  }
+  ~nccl_work() override;
   void wait() const override;
   bool ready() const override {
     if (capturing()) return false;
@@ -384,9 +397,11 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     ncclComm_t c = comm_for(req->group.ranks);
     const cudaStream_t producer = current_stream();
     const bool in_capture = capturing();
-    shared_event ready = events_->get(), done = events_->get();
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(ready.get(), producer));
-    CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready.get(), 0));
+    if (!in_capture || !ordered_after(comm_stream(), producer)) {
+      CCGRAPH_CHECK_CUDA(cudaEventRecord(ready_.get(), producer));
+      CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready_.get(), 0));
+    }
+    shared_event done = events_->get();
     CCGRAPH_CHECK_NCCL(ncclGroupStart());
     try {
       issue(*req, c, what);
@@ -399,6 +414,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (r == ncclInProgress) settle(c, what);
     CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream()));
     if (!in_capture) track(done, req);
+    if (unjoined_++ == 0) gemm_sm_carveout() = opt_.gemm_sm_carveout;
     return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req));
   }
 
@@ -411,9 +427,18 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaStreamIsCapturing(comm_stream(), &st));
       if (st != cudaStreamCaptureStatusActive) return;
     }
-    shared_event e = events_->get();
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
-    CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
+    if (!capturing() || !ordered_after(current_stream(), comm_stream())) {
+      shared_event e = events_->get();
+      CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
+      CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
+    }
+    unjoined_ = 0;
+    gemm_sm_carveout() = 0;
+  }
+
+  /// One collective's result was joined by the calling thread's stream.
+  void joined_one() noexcept {
+    if (unjoined_ > 0 && --unjoined_ == 0) gemm_sm_carveout() = 0;
   }
 
   /// Throws the error this rank reports once the world is aborted (or this rank timed out).
@@ -467,6 +492,24 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     int lo = 0, hi = 0;
     CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     return stream(cudaStreamNonBlocking, hi);  // communication first: it is on the critical path
+  }
+
+  /// While both record one CUDA Graph: true when the next node on `later` already depends on
+  /// everything recorded on `earlier` so far (each of `earlier`'s frontier nodes is one of
+  /// `later`'s), so a join would only add a redundant edge. Back-to-back collectives then chain
+  /// directly on the communication branch, as one stream would, instead of hopping through
+  /// the compute branch at every wait.
+  static bool ordered_after(cudaStream_t later, cudaStream_t earlier) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    const cudaGraphNode_t* deps = nullptr;
+    std::size_t n = 0;
+    CCGRAPH_CHECK_CUDA(capture_dependencies(earlier, &st, &deps, &n));
+    if (st != cudaStreamCaptureStatusActive) return false;
+    const std::vector<cudaGraphNode_t> before(deps, deps + n);
+    CCGRAPH_CHECK_CUDA(capture_dependencies(later, &st, &deps, &n));
+    if (st != cudaStreamCaptureStatusActive || n == 0) return false;
+    return std::all_of(before.begin(), before.end(),
+                       [&](cudaGraphNode_t d) { return std::find(deps, deps + n, d) != deps + n; });
   }
 
   /// Polls a non-blocking communicator until its last call finished, with the timeout.
@@ -598,17 +641,26 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::shared_ptr<gpu_world> world_;
   nccl_options opt_;
   stream comm_stream_;
+  event ready_;  // orders the communication stream after the producer; re-recorded per launch
   std::shared_ptr<event_pool> events_;
   std::map<std::vector<int>, comm_pair> comms_;
   std::deque<inflight> inflight_;
   std::string local_failure_;
   wait_watchdog watchdog_;
+  int unjoined_ = 0;  // collectives launched and not yet waited: GEMMs leave SMs to them
 };
+
+inline nccl_work::~nccl_work() {
+  if (!req_) return;
+  (void)cudaStreamWaitEvent(current_stream(), done_.get(), 0);
+  owner_->joined_one();
+}
 
 inline void nccl_work::wait() const {
   std::lock_guard lk(mu_);
   owner_->fail_if_aborted();
   CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), done_.get(), 0));
+  if (req_) owner_->joined_one();
   req_.reset();  // later frees on this stream come after the collective
 }
 

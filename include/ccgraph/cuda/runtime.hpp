@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -15,6 +17,7 @@
 #include <ccgraph/cuda/blas.hpp>
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
+#include <ccgraph/cuda/graph.hpp>
 #include <ccgraph/tensor/device_runtime.hpp>
 
 #include <cuda_runtime_api.h>
@@ -151,6 +154,15 @@ inline void* capture_end(device dev, bool keep) {
     if (keep) CCGRAPH_CHECK_CUDA(st);
     (void)cudaGetLastError();
     return nullptr;
+  }
+  // CCGRAPH_GRAPH_SUMMARY=1: say what each recording holds (finding what a replay pays for).
+  if (const char* v = std::getenv("CCGRAPH_GRAPH_SUMMARY"); v && *v == '1') {
+    try {
+      std::fprintf(stderr, "ccgraph: recorded CUDA Graph on %s: %s\n", dev.str().c_str(),
+                   ::ccgraph::cuda::graph::summarize(graph).c_str());
+    } catch (...) {
+      (void)cudaGetLastError();  // a diagnostic only
+    }
   }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);

@@ -1,0 +1,298 @@
+// bench_gpu_probe: where the time of PERF.md's GPU workloads goes, measured with raw CUDA,
+// NCCL and cuBLASLt calls (one thread per GPU), so that each cost ccgraph adds or hides can
+// be read as a difference between two rows:
+//   1. per-collective cost of a 4 KiB all_reduce: one stream; the two cross-stream hops
+//      ccgraph's eager path makes; only the join hop; and host-only issue cost;
+//   2. a GEMM beside an all_reduce (the seed program's overlap at N=8192): each alone, both at
+//      once, with cuBLASLt's SM-count target leaving SMs free and NCCL's CTA cap.
+// Prints one table per part.
+#include <ccgraph/cuda.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cg = ccgraph;
+namespace cc = ccgraph::cuda;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/// Median over 5 repetitions of the GPU time per step of a loop of `iters` steps on `s`.
+template <class F>
+double per_step_us(cudaStream_t s, int iters, F&& step) {
+  for (int i = 0; i < 20; ++i) step(i);
+  CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> reps;
+  for (int r = 0; r < 5; ++r) {
+    auto a = cc::event::timed(), b = cc::event::timed();
+    a.record(s);
+    for (int i = 0; i < iters; ++i) step(i);
+    b.record(s);
+    CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+    reps.push_back(cc::elapsed_ms(a, b) * 1e3 / iters);
+  }
+  return median(reps);
+}
+
+/// Host microseconds per step (no synchronisation inside the loop).
+template <class F>
+double host_us(int iters, F&& step) {
+  CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) step(i);
+  const auto t1 = std::chrono::steady_clock::now();
+  CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+}
+
+void row(int rank, const char* what, double v, const char* unit) {
+  if (rank == 0) std::printf("| %-72s | %10.2f | %s |\n", what, v, unit);
+  std::fflush(stdout);
+}
+
+void per_op(int r, ncclComm_t comm) {
+  cc::stream compute(cudaStreamNonBlocking);
+  int lo = 0, hi = 0;
+  CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  cc::stream comm_s(cudaStreamNonBlocking, hi);
+  cc::event ready, done;
+  void *a = nullptr, *b = nullptr;
+  CCGRAPH_CHECK_CUDA(cudaMalloc(&a, 4096));
+  CCGRAPH_CHECK_CUDA(cudaMalloc(&b, 4096));
+  CCGRAPH_CHECK_CUDA(cudaMemset(a, 0, 4096));
+  CCGRAPH_CHECK_CUDA(cudaMemset(b, 0, 4096));
+  auto ar = [&](int i, cudaStream_t s) {
+    CCGRAPH_CHECK_NCCL(ncclAllReduce(i % 2 ? b : a, i % 2 ? a : b, 1024, ncclFloat32, ncclSum, comm, s));
+  };
+  const int iters = 2000;
+  if (r == 0) std::printf("\n| 4 KiB f32 all_reduce, per op | value | unit |\n|---|---:|---|\n");
+  row(r, "one stream (raw NCCL)", per_step_us(compute.get(), iters, [&](int i) { ar(i, compute.get()); }), "us");
+  row(r, "comm stream, both hops (ready record+wait, done record+wait)",
+      per_step_us(compute.get(), iters,
+                  [&](int i) {
+                    ready.record(compute);
+                    comm_s.wait(ready);
+                    ar(i, comm_s.get());
+                    done.record(comm_s);
+                    compute.wait(done);
+                  }),
+      "us");
+  row(r, "comm stream, join hop only (done record+wait)",
+      per_step_us(compute.get(), iters,
+                  [&](int i) {
+                    ar(i, comm_s.get());
+                    done.record(comm_s);
+                    compute.wait(done);
+                  }),
+      "us");
+  row(r, "comm stream, no hops (timed on the comm stream)",
+      per_step_us(comm_s.get(), iters, [&](int i) { ar(i, comm_s.get()); }), "us");
+  row(r, "host: ncclAllReduce call alone", host_us(iters, [&](int i) { ar(i, compute.get()); }), "us");
+  row(r, "host: event record + stream wait (one hop)", host_us(iters, [&](int) {
+        ready.record(compute);
+        comm_s.wait(ready);
+      }),
+      "us");
+  // The same, in a CUDA Graph of 64 ops.
+  auto graph_us = [&](bool hops) {
+    cudaGraph_t graph = nullptr;
+    CCGRAPH_CHECK_CUDA(cudaStreamBeginCapture(compute.get(), cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 64; ++i) {
+      if (hops) {
+        ready.record(compute);
+        comm_s.wait(ready);
+        ar(i, comm_s.get());
+        done.record(comm_s);
+        compute.wait(done);
+      } else {
+        ar(i, compute.get());
+      }
+    }
+    CCGRAPH_CHECK_CUDA(cudaStreamEndCapture(compute.get(), &graph));
+    cudaGraphExec_t exec = nullptr;
+    CCGRAPH_CHECK_CUDA(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    std::size_t nodes = 0;
+    CCGRAPH_CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+    const double us =
+        per_step_us(compute.get(), 50, [&](int) { CCGRAPH_CHECK_CUDA(cudaGraphLaunch(exec, compute.get())); }) / 64;
+    if (r == 0) std::printf("|   (graph of %zu nodes) | | |\n", nodes);
+    CCGRAPH_CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CCGRAPH_CHECK_CUDA(cudaGraphDestroy(graph));
+    return us;
+  };
+  row(r, "CUDA Graph of 64, one stream", graph_us(false), "us");
+  row(r, "CUDA Graph of 64, both hops per op", graph_us(true), "us");
+  CCGRAPH_CHECK_CUDA(cudaFree(a));
+  CCGRAPH_CHECK_CUDA(cudaFree(b));
+}
+
+/// Milliseconds of one GEMM [n,n]x[n,n] bf16 with `carveout` SMs left free, one all_reduce of
+/// `ar_bytes` on `comm_s` (0: none), or both launched together (all_reduce first).
+void overlap(int r, ncclComm_t comm, const std::vector<ncclComm_t>& capped, const std::vector<int>& caps) {
+  const std::int64_t n = 8192;
+  const std::size_t bytes = static_cast<std::size_t>(n * n) * 2;
+  cc::stream compute(cudaStreamNonBlocking);
+  int lo = 0, hi = 0;
+  CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  cc::stream comm_s(cudaStreamNonBlocking, hi);
+  cc::stream_guard on(compute.get());
+  void *a = nullptr, *c = nullptr, *x = nullptr, *y = nullptr;
+  for (void** p : {&a, &c, &x, &y}) CCGRAPH_CHECK_CUDA(cudaMalloc(p, bytes));
+  // Random-ish bf16 data (not zeros): 0x3c00 + low bits.
+  {
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(n * n));
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint16_t>(0x3c00 + (i * 2654435761u >> 20) % 512);
+    for (void* p : {a, x}) CCGRAPH_CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  const cg::device dev = cg::device::cuda(r);
+  cc::event joined;
+  auto gemm = [&](int carveout) {
+    cc::detail::gemm_sm_carveout() = carveout;
+    cc::detail::gemm(dev, cg::dtype::bf16, n, n, n, a, n, false, a, n, false, c, n);
+    cc::detail::gemm_sm_carveout() = 0;
+  };
+  auto all_reduce = [&](ncclComm_t cm) {
+    CCGRAPH_CHECK_NCCL(ncclAllReduce(x, y, bytes / 2, ncclBfloat16, ncclSum, cm, comm_s.get()));
+  };
+  auto both = [&](int carveout, ncclComm_t cm, bool gemm_first) {
+    cc::event start;
+    start.record(compute);
+    comm_s.wait(start);
+    if (gemm_first) gemm(carveout);
+    all_reduce(cm);
+    if (!gemm_first) gemm(carveout);
+    joined.record(comm_s);
+    compute.wait(joined);
+  };
+  auto ms = [&](const std::function<void()>& step) {
+    return per_step_us(compute.get(), 10, [&](int) { step(); }) / 1e3;
+  };
+  if (r == 0) std::printf("\n| GEMM 8192^3 bf16 beside all_reduce 128 MiB bf16 | value | unit |\n|---|---:|---|\n");
+  const double g0 = ms([&] { gemm(0); });
+  row(r, "GEMM alone", g0, "ms");
+  const double a0 = ms([&] {
+    cc::event s;
+    s.record(compute);
+    comm_s.wait(s);
+    all_reduce(comm);
+    joined.record(comm_s);
+    compute.wait(joined);
+  });
+  row(r, "all_reduce alone", a0, "ms");
+  row(r, "sum of the two", g0 + a0, "ms");
+  for (int carve : {0, 8, 16, 24, 32, 48}) {
+    row(r, ("GEMM alone, " + std::to_string(carve) + " SMs left free").c_str(), ms([&] { gemm(carve); }), "ms");
+    row(r, ("both, all_reduce first, " + std::to_string(carve) + " SMs left free").c_str(),
+        ms([&] { both(carve, comm, false); }), "ms");
+  }
+  row(r, "both, GEMM first, 0 SMs left free", ms([&] { both(0, comm, true); }), "ms");
+  for (std::size_t i = 0; i < capped.size(); ++i) {
+    const int cap = caps[i];
+    row(r, ("all_reduce alone, NCCL maxCTAs " + std::to_string(cap)).c_str(), ms([&] {
+          cc::event s;
+          s.record(compute);
+          comm_s.wait(s);
+          all_reduce(capped[i]);
+          joined.record(comm_s);
+          compute.wait(joined);
+        }),
+        "ms");
+    for (int carve : {0, cap})
+      row(r, ("both, maxCTAs " + std::to_string(cap) + ", " + std::to_string(carve) + " SMs left free").c_str(),
+          ms([&] { both(carve, capped[i], false); }), "ms");
+  }
+  for (void* p : {a, c, x, y}) CCGRAPH_CHECK_CUDA(cudaFree(p));
+}
+
+/// Host cost of the pieces of one eager ccgraph all_reduce (what the raw rows above lack).
+void ccgraph_pieces(int world) {
+  std::vector<int> all;
+  for (int i = 0; i < world; ++i) all.push_back(i);
+  const cg::group g = all;
+  cc::run_gpus(world, [&](cg::rank_context& ctx) {
+    const int r = ctx.rank();
+    const int iters = 2000;
+    if (r == 0) std::printf("\n| ccgraph eager all_reduce 4 KiB f32, host cost of its pieces | value | unit |\n|---|---:|---|\n");
+    auto x = cg::uniform<float>({1024}, -1, 1, 5);
+    cudaStream_t s = cc::current_stream();
+    row(r, "tensor::empty + free (cudaMallocAsync pool)", host_us(iters, [&](int) { (void)cg::tensor<float>::empty({1024}); }), "us");
+    row(r, "group resolve", host_us(iters, [&](int) { (void)ctx.resolve(g, "probe"); }), "us");
+    row(r, "reduce_op parse \"sum\"", host_us(iters, [&](int) { (void)cg::parse_reduce_op("sum"); }), "us");
+    row(r, "all_reduce launch only (result dropped: destructor joins)",
+        host_us(iters, [&](int) { (void)cg::all_reduce(x, "sum", g); }), "us");
+    row(r, "all_reduce + wait, host", host_us(iters, [&](int) { cg::all_reduce(x, "sum", g).wait(); }), "us");
+    row(r, "all_reduce + wait, GPU per op", per_step_us(s, iters, [&](int) { cg::all_reduce(x, "sum", g).wait(); }), "us");
+    // A traced chain of 64 in a CUDA Graph, out of place (no memory plan, so no in-place
+    // all_reduce: a 1-rank all_reduce in place would be no work at all): compare with the raw
+    // rows "CUDA Graph of 64".
+    auto chain = cg::trace(
+        [&](auto v) {
+          for (int i = 0; i < 64; ++i) v = cg::wait_tensor(cg::all_reduce(v, "sum", g));
+          return v;
+        },
+        cg::input<float>({1024}));
+    for (bool plan : {false, true}) {
+      auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .memory_plan = plan, .static_outputs = true});
+      (void)exe(x);
+      auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "probe");
+      row(r, plan ? "ccgraph CUDA Graph of 64, memory plan (in place)" : "ccgraph CUDA Graph of 64, out of place",
+          per_step_us(s, 50, [&](int) { (void)exe(bound); }) / 64, "us");
+    }
+  });
+}
+
+void rank_main(int r, int world, const std::array<ncclUniqueId, 4>& ids, const std::vector<int>& caps) {
+  try {
+    CCGRAPH_CHECK_CUDA(cudaSetDevice(r));
+    cc::nccl_comm comm = cc::nccl_comm::init_rank(world, ids[0], r);
+    std::vector<cc::nccl_comm> capped_comms;
+    std::vector<ncclComm_t> capped;
+    for (std::size_t i = 0; i < caps.size(); ++i) {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.maxCTAs = caps[i];
+      ncclComm_t c = nullptr;
+      CCGRAPH_CHECK_NCCL(ncclCommInitRankConfig(&c, world, ids[i + 1], r, &cfg));
+      capped_comms.push_back(cc::nccl_comm(c));
+      capped.push_back(c);
+    }
+    per_op(r, comm.get());
+    overlap(r, comm.get(), capped, caps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_probe rank %d: %s\n", r, e.what());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main() {
+  const int n = cc::device_count();
+  if (n < 1) {
+    std::printf("bench_gpu_probe: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  const int world = n < 2 ? 1 : 2;  // one GPU: per-op costs over a 1-rank communicator
+  cudaDeviceProp prop{};
+  CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# bench_gpu_probe on %d x %s (%d SMs), NCCL %d.%d.%d\n", world, prop.name, prop.multiProcessorCount,
+              NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  const std::vector<int> caps = {8, 16, 32};
+  // (a std::vector<ncclUniqueId> trips an internal error of nvcc 13's front end)
+  std::array<ncclUniqueId, 4> ids{};
+  for (auto& id : ids) CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&ids, &caps, r, world] { rank_main(r, world, ids, caps); });
+  for (auto& t : threads) t.join();
+  ccgraph_pieces(world);
+  return 0;
+}
