@@ -8,6 +8,8 @@
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "../examples/programs.hpp"
+
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -148,26 +150,8 @@ void raw_nccl(int n) {
 // ccgraph
 // ---------------------------------------------------------------------------------------------
 
-/// The seeds' reorder program (PERF.md's "seed overlap pattern").
-auto seed_program(const cg::group& g) {
-  return [g](auto a) {
-    auto ar = cg::all_reduce(a, "sum", g);
-    auto gm = cg::matmul(a, a);
-    auto c = cg::relu(a);
-    auto d = cg::matmul(c, c);
-    auto f = cg::eval(d * c * ar);
-    auto fr = cg::all_reduce(f, "sum", g);
-    return cg::matmul(d + ar + fr, gm);
-  };
-}
-
-/// PERF.md's TP MLP, one rank's shard: x @ w1 -> gelu -> @ w2 -> all_reduce.
-auto tp_mlp(const cg::group& g) {
-  return [g](auto x, auto w1, auto w2) {
-    auto h = cg::gelu(cg::matmul(x, w1));
-    return cg::wait_tensor(cg::all_reduce(cg::matmul(h, w2), "sum", g));
-  };
-}
+using ccgraph::examples::seed_program;
+using ccgraph::examples::tp_mlp;
 
 /// Runs the workloads on `n` GPUs with `opt`. `tag` is appended to every impl name; with
 /// `programs_only` only the seed program and the TP MLP run (the overlap variants).
@@ -280,12 +264,17 @@ int main(int argc, char** argv) {
   try {
     raw_nccl(n);
     ccgraph_bench(n, quick);
-    // Overlap variants: collectives capped at k CTAs, GEMMs leaving k SMs free while one runs.
+    // Overlap variants. _smK: every collective capped at K CTAs and GEMMs leaving K SMs free
+    // while one runs; _ovK: only the collectives a schedule overlaps with a matmul
+    // (nccl_options::overlap_sms), so eager and unoverlapped ones keep NCCL's full width.
     for (int k : {8, 16}) {
       cg::cuda::nccl_options o;
       o.max_ctas = k;
       o.gemm_sm_carveout = k;
       ccgraph_bench(n, quick, o, "_sm" + std::to_string(k), true);
+      cg::cuda::nccl_options ov;
+      ov.overlap_sms = k;
+      ccgraph_bench(n, quick, ov, "_ov" + std::to_string(k), true);
     }
   } catch (const std::exception& e) {
     std::cerr << "bench_gpu: " << e.what() << '\n';

@@ -232,6 +232,24 @@ void ccgraph_pieces(int world) {
         host_us(iters, [&](int) { (void)cg::all_reduce(x, "sum", g); }), "us");
     row(r, "all_reduce + wait, host", host_us(iters, [&](int) { cg::all_reduce(x, "sum", g).wait(); }), "us");
     row(r, "all_reduce + wait, GPU per op", per_step_us(s, iters, [&](int) { cg::all_reduce(x, "sum", g).wait(); }), "us");
+    // The seed program's pointwise kernels at N = 8192 bf16, against a device-to-device copy:
+    // bytes read and written per microsecond.
+    {
+      const std::int64_t n = 8192;
+      const auto a = cg::uniform<cg::bf16>({n, n}, -1, 1, 11), b = cg::uniform<cg::bf16>({n, n}, -1, 1, 12),
+                 c = cg::uniform<cg::bf16>({n, n}, -1, 1, 13);
+      auto out = cg::tensor<cg::bf16>::empty({n, n});
+      const double mb = static_cast<double>(n * n * 2) / 1e6;
+      auto gbs = [&](double operands, double us) { return operands * mb / us * 1e3; };
+      const double copy_us = per_step_us(s, 20, [&](int) {
+        CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(out.data(), a.data(), static_cast<std::size_t>(n * n * 2),
+                                           cudaMemcpyDeviceToDevice, s));
+      });
+      row(r, "device copy 128 MiB bf16, GB/s (read + write)", gbs(2, copy_us), "GB/s");
+      row(r, "relu(a) 8192^2 bf16, GB/s", gbs(2, per_step_us(s, 20, [&](int) { (void)cg::relu(a).eval(); })), "GB/s");
+      row(r, "a * b * c 8192^2 bf16, GB/s", gbs(4, per_step_us(s, 20, [&](int) { (void)cg::eval(a * b * c); })), "GB/s");
+      row(r, "a + b + c 8192^2 bf16, GB/s", gbs(4, per_step_us(s, 20, [&](int) { (void)cg::eval(a + b + c); })), "GB/s");
+    }
     // A traced chain of 64 in a CUDA Graph, out of place (no memory plan, so no in-place
     // all_reduce: a 1-rank all_reduce in place would be no work at all): compare with the raw
     // rows "CUDA Graph of 64".

@@ -10,6 +10,8 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "programs.hpp"
+
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -18,18 +20,7 @@
 
 namespace cg = ccgraph;
 
-// The program, written once: eager on tensors, recorded on symbolic values.
-auto seed_program(const cg::group& g) {
-  return [g](auto a) {
-    auto ar = cg::all_reduce(a, "sum", g);
-    auto gm = cg::matmul(a, a);
-    auto c = cg::relu(a);
-    auto d = cg::matmul(c, c);
-    auto f = cg::eval(d * c * ar);
-    auto fr = cg::all_reduce(f, "sum", g);
-    return cg::matmul(d + ar + fr, gm);
-  };
-}
+using ccgraph::examples::seed_program;
 
 std::string joined(const std::vector<std::string>& v) {
   std::string s;

@@ -7,6 +7,8 @@
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "programs.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -17,17 +19,7 @@
 
 namespace cg = ccgraph;
 
-auto seed_program(const cg::group& g) {
-  return [g](auto a) {
-    auto ar = cg::all_reduce(a, "sum", g);
-    auto gm = cg::matmul(a, a);
-    auto c = cg::relu(a);
-    auto d = cg::matmul(c, c);
-    auto f = cg::eval(d * c * ar);
-    auto fr = cg::all_reduce(f, "sum", g);
-    return cg::matmul(d + ar + fr, gm);
-  };
-}
+using ccgraph::examples::seed_program;
 
 /// Median milliseconds per call of f() on the rank's stream.
 template <class F>

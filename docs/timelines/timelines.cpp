@@ -8,6 +8,8 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "../../examples/programs.hpp"
+
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -20,18 +22,8 @@ namespace {
 
 const cg::group pair = std::vector<int>{0, 1};
 
-// The seeds' reorder program (PERF.md), as in examples/03_schedule_overlap.cpp.
-auto seed_program() {
-  return [](auto a) {
-    auto ar = cg::all_reduce(a, "sum", pair);
-    auto gm = cg::matmul(a, a);
-    auto c = cg::relu(a);
-    auto d = cg::matmul(c, c);
-    auto f = cg::eval(d * c * ar);
-    auto fr = cg::all_reduce(f, "sum", pair);
-    return cg::matmul(d + ar + fr, gm);
-  };
-}
+// The seeds' reorder program (PERF.md), as examples/03_schedule_overlap.cpp runs it.
+auto seed_program() { return ccgraph::examples::seed_program(pair); }
 
 // Data-parallel gradients: eight small layers, each all_reduces its (stand-in) gradient as soon
 // as it exists; the step reads them all at the end. Small all_reduces are latency-bound.

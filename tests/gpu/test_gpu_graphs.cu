@@ -4,6 +4,8 @@
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "../../examples/programs.hpp"
+
 #include <doctest/doctest.h>
 
 #include "gpu_test.hpp"
@@ -34,18 +36,7 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& want
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-/// The seeds' reorder program (test_reorder_compute_for_overlap), over the world.
-auto seed_program(const cg::group& g) {
-  return [g](auto a) {
-    auto ar = cg::all_reduce(a, "sum", g);
-    auto gm = cg::matmul(a, a);
-    auto c = cg::relu(a);
-    auto d = cg::matmul(c, c);
-    auto f = cg::eval(d * c * ar);
-    auto fr = cg::all_reduce(f, "sum", g);
-    return cg::matmul(d + ar + fr, gm);
-  };
-}
+using ccgraph::examples::seed_program;
 
 /// The seeds' CUDA Graph case (test_inductor_collectives' cudagraph test).
 auto cudagraph_program(const cg::group& g) {

@@ -2,6 +2,7 @@
 // backend's on the same inputs, on 1 and 2 GPUs. Cases that need a GPU (or two) are skipped
 // without them.
 #include <ccgraph/cuda.hpp>
+#include <ccgraph/schedule/schedule.hpp>
 
 #include <doctest/doctest.h>
 
@@ -240,6 +241,38 @@ TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus" * doctest::skip(
           CHECK(carveout == 16);
         }  // dropped unwaited: its destructor joins it
         CHECK(carveout == 0);
+      },
+      opt);
+}
+
+TEST_CASE("nccl.overlapped_collectives_run_capped_with_same_results.2_gpus" *
+          doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // A schedule that runs a matmul before an all_reduce's wait marks it overlapped: with
+  // overlap_sms it runs on the group's capped communicator while GEMMs leave SMs to it.
+  cg::cuda::nccl_options opt;
+  opt.overlap_sms = 8;
+  cg::cuda::run_gpus(
+      2,
+      [](cg::rank_context& ctx) {
+        const cg::group world = std::vector<int>{0, 1};
+        auto program = [&](auto a) {
+          auto ar = cg::all_reduce(a, "sum", world);
+          auto m = cg::matmul(a, a);
+          return cg::eval(cg::wait_tensor(ar) + m);
+        };
+        const auto a = cg::uniform<float>({64, 64}, -1, 1, 3 + static_cast<std::uint64_t>(ctx.rank()));
+        const auto eager = program(a).to_vector();
+        auto s = cg::schedule(cg::trace(program, cg::input<float>({64, 64})), {"sink_waits", "raise_comms"});
+        for (bool replay : {false, true}) {
+          auto run = cg::compile(s, ctx, {.cuda_graph = replay});
+          for (int call = 0; call < 3; ++call) {
+            const auto got = run(a).to_vector();
+            REQUIRE(got.size() == eager.size());
+            for (std::size_t i = 0; i < got.size(); ++i)
+              CHECK(std::fabs(got[i] - eager[i]) <= 1e-4f * (1.f + std::fabs(eager[i])));
+          }
+        }
+        CHECK(cg::cuda::detail::gemm_sm_carveout() == 0);  // every collective was waited
       },
       opt);
 }

@@ -2,6 +2,7 @@
 // ccgraph/group/group.hpp, each resolved to its one canonical group_info.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <sstream>
@@ -147,6 +148,29 @@ TEST_CASE("group.resolve.each_form_for_each_rank") {
       CHECK(cg::group{"tp_even"}.resolve(r, reg, "test") == cg::group{std::vector<int>{6, 4, 2, 0}}.resolve(r, reg, "test"));
       CHECK(cg::group{"tp_even"}.resolve(r, reg, "test").index_of(r) == r / 2);
     }
+  }
+}
+
+TEST_CASE("group.resolve.partition_of_the_world") {
+  // A mesh dimension (or MPMD lists covering every rank) is one part of a partition of the
+  // world: every rank calls at once, which lets a backend split the world's communicator.
+  cg::group_registry reg(8);
+  const cg::device_mesh mesh({2, 4}, names{"dp", "tp"});
+  for (int r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    for (int dim : {0, 1}) {
+      const auto gi = cg::group{mesh, dim}.resolve(r, reg, "test");
+      auto expected = mesh.groups_along(dim);
+      for (auto& l : expected) std::sort(l.begin(), l.end());
+      CHECK(gi.partition == expected);
+      CHECK(std::find(gi.partition.begin(), gi.partition.end(), gi.ranks) != gi.partition.end());
+    }
+    const auto covering = cg::group{lists{{7, 5, 3, 1}, {6, 4, 2, 0}}}.resolve(r, reg, "test");
+    CHECK(covering.partition == lists{{1, 3, 5, 7}, {0, 2, 4, 6}});
+    // Lists that leave ranks out, plain rank lists, names and the world are no partition.
+    if (r < 4) CHECK(cg::group{lists{{0, 1}, {2, 3}}}.resolve(r, reg, "test").partition.empty());
+    if (r < 4) CHECK(cg::group{std::vector<int>{0, 1, 2, 3}}.resolve(r, reg, "test").partition.empty());
+    CHECK(cg::group{"0"}.resolve(r, reg, "test").partition.empty());
   }
 }
 

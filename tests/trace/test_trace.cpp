@@ -1088,9 +1088,10 @@ TEST_CASE("trace.cost.grows_linearly_with_program_size") {
   // times). A per-node cost that grows with the graph (naming the k-th `add` node by trying k
   // names, as graph::unique_name once did; re-indexing every node on each append; a linear scan
   // per lookup) makes the 16x larger program cost up to 16x more per node (the naming bug:
-  // 16x); linear tracing measures 1.0-2x (allocator and cache effects). Best of 3 of each size,
-  // taken in turn so both see the same load, and a 4x bound, so that timing noise (sanitizers,
-  // a loaded machine) does not fail it.
+  // 16x); linear tracing measures 1.0-2x (allocator and cache effects), and up to 4x on a
+  // machine loaded by parallel builds, where the longer run is preempted more often. Best of 5
+  // of each size, taken in turn so both see the same load, and an 8x bound, still half what the
+  // naming bug measured, so that timing noise (sanitizers, a loaded machine) does not fail it.
   auto trace_us = [](int nodes, std::size_t& size) {
     const int steps = nodes * 16 / 19;
     const auto t0 = std::chrono::steady_clock::now();
@@ -1101,7 +1102,7 @@ TEST_CASE("trace.cost.grows_linearly_with_program_size") {
   };
   std::size_t small_nodes = 0, large_nodes = 0;
   double small = 1e30, large = 1e30;
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < 5; ++k) {
     small = std::min(small, trace_us(500, small_nodes));
     large = std::min(large, trace_us(8000, large_nodes));
   }
@@ -1110,5 +1111,5 @@ TEST_CASE("trace.cost.grows_linearly_with_program_size") {
   small /= static_cast<double>(small_nodes);
   large /= static_cast<double>(large_nodes);
   MESSAGE("trace: ", small, " us/node at ", small_nodes, " nodes, ", large, " us/node at ", large_nodes, " nodes");
-  CHECK(large / small < 4.0);
+  CHECK(large / small < 8.0);
 }

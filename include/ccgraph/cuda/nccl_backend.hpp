@@ -1,8 +1,9 @@
 // ccgraph/cuda/nccl_backend.hpp: the `nccl` backend. One rank per GPU; a rank's collectives
 // run on its communication stream, ordered after the compute that produced their inputs by an
 // event, and their results are joined back by the event its wait enqueues. Communicators are
-// non-blocking, so a peer that never arrives or dies ends in an error after a timeout (the
-// rank's communicators are aborted), never a hang.
+// set up non-blocking (from an exchanged id, or split from the world's for a mesh dimension),
+// so a peer that never arrives or dies ends in an error after a timeout (the rank's
+// communicators are aborted), never a hang; collectives run on a blocking child of each.
 #pragma once
 
 #include <algorithm>
@@ -56,12 +57,21 @@ struct nccl_options {
   /// GEMM fills; 0 for none. Defaults to $CCGRAPH_GEMM_SM_CARVEOUT, else 0.
   int gemm_sm_carveout = default_gemm_sm_carveout();
 
+  /// For collectives a compiled graph's schedule overlaps with a matmul (see
+  /// collective_request::overlapped): the most SMs they may use (a second communicator per
+  /// group, capped at this many CTAs), and the SMs GEMMs leave free while one runs. 0 (the
+  /// default, or $CCGRAPH_OVERLAP_SMS) treats them like any other collective.
+  int overlap_sms = env_int("CCGRAPH_OVERLAP_SMS");
+
   /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
   static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
 
   /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
-  static int default_gemm_sm_carveout() {
-    const char* v = std::getenv("CCGRAPH_GEMM_SM_CARVEOUT");
+  static int default_gemm_sm_carveout() { return env_int("CCGRAPH_GEMM_SM_CARVEOUT"); }
+
+  /// The environment variable `name` if set to a number from 0 to 1024, else 0.
+  static int env_int(const char* name) {
+    const char* v = std::getenv(name);
     if (!v || !*v) return 0;
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
@@ -290,8 +300,8 @@ class nccl_rank;
 class nccl_work final : public ::ccgraph::detail::work {
  public:
   nccl_work(std::shared_ptr<nccl_rank> owner, shared_event done,
-            std::shared_ptr<::ccgraph::detail::collective_request> req)
-      : owner_(std::move(owner)), done_(std::move(done)), req_(std::move(req)) {}
+            std::shared_ptr<::ccgraph::detail::collective_request> req, bool capped)
+      : owner_(std::move(owner)), done_(std::move(done)), req_(std::move(req)), capped_(capped) {}
   ~nccl_work() override;
   void wait() const override;
   bool ready() const override {
@@ -303,6 +313,7 @@ class nccl_work final : public ::ccgraph::detail::work {
   std::shared_ptr<nccl_rank> owner_;
   shared_event done_;
   mutable std::shared_ptr<::ccgraph::detail::collective_request> req_;
+  bool capped_;  // ran on the overlap communicator
   mutable std::mutex mu_;
 };
 
@@ -334,6 +345,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   void close(bool clean) {
     if (!clean) return abort_comms();
     for (auto& [k, c] : comms_) {
+      if (c.overlap) (void)ncclCommDestroy(c.overlap.release());
       if (c.data) (void)ncclCommDestroy(c.data.release());
       if (c.setup) (void)ncclCommDestroy(c.setup.release());
     }
@@ -350,8 +362,11 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   wait_watchdog* watchdog() { return &watchdog_; }
 
   /// The communicator of the group `ranks` (global ranks, in group order), made on first use:
-  /// every member must ask for it (they do, by calling a collective on the group).
-  ncclComm_t comm_for(const std::vector<int>& ranks) {
+  /// every member must ask for it (they do, by calling a collective on the group). When the
+  /// group is one part of `partition`, a partition of the world whose every rank asks at once
+  /// (a mesh dimension), it is split from the world's communicator by ncclCommSplit; any other
+  /// group is set up from an NCCL id its members exchange, since ranks outside it never call.
+  ncclComm_t comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition = {}) {
     auto it = comms_.find(ranks);
     if (it != comms_.end()) return it->second.data ? it->second.data.get() : it->second.setup.get();
     std::string key = "nccl/";
@@ -359,17 +374,26 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
     CCGRAPH_CHECK(pos < static_cast<std::ptrdiff_t>(ranks.size()), "nccl: rank ", rank_,
                   " is not in group ", key);
-    const ncclUniqueId id = ids_->get(key, pos == 0, opt_.timeout);
+    device_scope scope(device_);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t c = nullptr;
-    device_scope scope(device_);
-    const ncclResult_t r =
-        ncclCommInitRankConfig(&c, static_cast<int>(ranks.size()), id, static_cast<int>(pos), &cfg);
+    const auto world = comms_.find(world_ranks());
+    const bool split = !partition.empty() && world != comms_.end() && world->second.setup;
+    const std::string what = (split ? "ncclCommSplit(world -> " : "ncclCommInitRankConfig(") + key + ")";
+    ncclResult_t r = ncclSuccess;
+    if (split) {
+      const auto part = std::find(partition.begin(), partition.end(), ranks) - partition.begin();
+      r = ncclCommSplit(world->second.setup.get(), static_cast<int>(part), static_cast<int>(pos), &c, &cfg);
+    } else {
+      const ncclUniqueId id = ids_->get(key, pos == 0, opt_.timeout);
+      r = ncclCommInitRankConfig(&c, static_cast<int>(ranks.size()), id, static_cast<int>(pos), &cfg);
+    }
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
     comm_pair& pair = comms_[ranks];
-    pair.setup = nccl_comm(c);
-    settle(c, ("ncclCommInitRankConfig(" + key + ")").c_str());
+    pair.setup = nccl_comm(c);  // owned before waiting, so a timeout's abort reaches it
+    if (split) settle(world->second.setup.get(), what.c_str());
+    settle(c, what.c_str());
     // Set-up ran non-blocking so that it can time out; collectives run on a blocking child
     // made by ncclCommSplit (collective over the same members, right away): a non-blocking
     // communicator may hand each launch to a helper thread and costs tens of microseconds per
@@ -388,13 +412,36 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     return d;
   }
 
+  /// The communicator for overlapped collectives of group `ranks`: a blocking child of its
+  /// set-up communicator capped at overlap_sms CTAs, made on the group's first overlapped
+  /// collective (which every member reaches, as the hint comes from the graph).
+  ncclComm_t overlap_comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition) {
+    const ncclComm_t data = comm_for(ranks, partition);
+    comm_pair& pair = comms_.at(ranks);
+    if (pair.overlap) return pair.overlap.get();
+    if (!pair.data) return data;  // CCGRAPH_NCCL_NONBLOCKING=1: one communicator per group
+    const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
+    device_scope scope(device_);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 1;
+    cfg.maxCTAs = opt_.overlap_sms;
+    ncclComm_t o = nullptr;
+    const ncclResult_t r = ncclCommSplit(pair.setup.get(), 0, static_cast<int>(pos), &o, &cfg);
+    if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
+    settle(pair.setup.get(), "ncclCommSplit(overlap communicator)");
+    pair.overlap = nccl_comm(o);
+    return o;
+  }
+
   /// Starts `req` on the communication stream after the work already queued on the calling
   /// thread's stream (which produced its inputs).
   ::ccgraph::detail::work_ptr launch(std::shared_ptr<::ccgraph::detail::collective_request> req) override {
     fail_if_aborted();
     req->rank = rank_;
     const char* what = std::visit([](const auto& o) { return o.name.data(); }, req->op);
-    ncclComm_t c = comm_for(req->group.ranks);
+    const bool capped = req->overlapped && opt_.overlap_sms > 0;
+    ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition)
+                          : comm_for(req->group.ranks, req->group.partition);
     const cudaStream_t producer = current_stream();
     const bool in_capture = capturing();
     if (!in_capture || !ordered_after(comm_stream(), producer)) {
@@ -414,8 +461,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (r == ncclInProgress) settle(c, what);
     CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream()));
     if (!in_capture) track(done, req);
-    if (unjoined_++ == 0) gemm_sm_carveout() = opt_.gemm_sm_carveout;
-    return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req));
+    ++unjoined_[capped];
+    update_carveout();
+    return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), capped);
   }
 
   /// The calling thread's stream waits for everything launched on the communication stream.
@@ -432,13 +480,15 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
     }
-    unjoined_ = 0;
-    gemm_sm_carveout() = 0;
+    unjoined_[0] = unjoined_[1] = 0;
+    update_carveout();
   }
 
-  /// One collective's result was joined by the calling thread's stream.
-  void joined_one() noexcept {
-    if (unjoined_ > 0 && --unjoined_ == 0) gemm_sm_carveout() = 0;
+  /// One collective's result (capped: an overlapped one) was joined by the calling thread's
+  /// stream.
+  void joined_one(bool capped) noexcept {
+    if (unjoined_[capped] > 0) --unjoined_[capped];
+    update_carveout();
   }
 
   /// Throws the error this rank reports once the world is aborted (or this rank timed out).
@@ -452,6 +502,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// end, and later NCCL calls fail. Safe to call more than once.
   void abort_comms() {
     for (auto& [k, c] : comms_) {
+      if (c.overlap) (void)ncclCommAbort(c.overlap.release());
       if (c.data) (void)ncclCommAbort(c.data.release());
       if (c.setup) (void)ncclCommAbort(c.setup.release());
     }
@@ -485,13 +536,21 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// its collectives run on.
   struct comm_pair {
     nccl_comm setup;
-    nccl_comm data;  // empty under CCGRAPH_NCCL_NONBLOCKING=1: collectives use `setup`
+    nccl_comm data;     // empty under CCGRAPH_NCCL_NONBLOCKING=1: collectives use `setup`
+    nccl_comm overlap;  // capped at overlap_sms CTAs, made on first overlapped use
   };
 
   static stream make_comm_stream() {
     int lo = 0, hi = 0;
     CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     return stream(cudaStreamNonBlocking, hi);  // communication first: it is on the critical path
+  }
+
+  /// Every rank of the world, in order: the world communicator's key.
+  const std::vector<int>& world_ranks() {
+    if (world_ranks_.empty())
+      for (int i = 0; i < world_size_; ++i) world_ranks_.push_back(i);
+    return world_ranks_;
   }
 
   /// While both record one CUDA Graph: true when the next node on `later` already depends on
@@ -647,20 +706,28 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::deque<inflight> inflight_;
   std::string local_failure_;
   wait_watchdog watchdog_;
-  int unjoined_ = 0;  // collectives launched and not yet waited: GEMMs leave SMs to them
+  std::vector<int> world_ranks_;
+  int unjoined_[2] = {0, 0};  // collectives launched and not yet waited ([1]: overlapped ones)
+
+  /// The SMs this thread's GEMMs leave free: to the collectives still running.
+  void update_carveout() noexcept {
+    int sms = unjoined_[0] > 0 ? opt_.gemm_sm_carveout : 0;
+    if (unjoined_[1] > 0) sms = std::max(sms, opt_.overlap_sms);
+    gemm_sm_carveout() = sms;
+  }
 };
 
 inline nccl_work::~nccl_work() {
   if (!req_) return;
   (void)cudaStreamWaitEvent(current_stream(), done_.get(), 0);
-  owner_->joined_one();
+  owner_->joined_one(capped_);
 }
 
 inline void nccl_work::wait() const {
   std::lock_guard lk(mu_);
   owner_->fail_if_aborted();
   CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), done_.get(), 0));
-  if (req_) owner_->joined_one();
+  if (req_) owner_->joined_one(capped_);
   req_.reset();  // later frees on this stream come after the collective
 }
 

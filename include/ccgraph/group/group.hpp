@@ -23,6 +23,11 @@ namespace ccgraph {
 struct group_info {
   std::string name;
   std::vector<int> ranks;
+  /// When the group is one part of a partition of the whole world (a mesh dimension, or MPMD
+  /// lists that cover every rank), every part of it, canonical; else empty. Then every rank
+  /// of the world calls the collective at once, each on its own part, which lets a backend
+  /// split the world's communicator instead of setting up one from scratch.
+  std::vector<std::vector<int>> partition{};
 
   /// Number of members.
   int size() const { return static_cast<int>(ranks.size()); }
@@ -132,17 +137,31 @@ class group {
     if (auto* r = std::get_if<std::vector<int>>(&desc_)) {
       ranks = group_registry::canonical_ranks(*r, reg.world_size(), what);
     } else if (auto* lists = std::get_if<std::vector<std::vector<int>>>(&desc_)) {
-      for (auto& l : *lists)
+      std::size_t covered = 0;
+      bool in_world = true;
+      for (auto& l : *lists) {
         if (std::find(l.begin(), l.end(), rank) != l.end())
           ranks = group_registry::canonical_ranks(l, reg.world_size(), what);
+        covered += l.size();
+        for (int r : l) in_world = in_world && r >= 0 && r < reg.world_size();
+      }
       CCGRAPH_CHECK(!ranks.empty(), what, ": rank ", rank, " is in none of the groups ",
                     lists_str(*lists));
+      // Lists hold distinct ranks (check_mpmd): as many ranks as the world, all in it, is all
+      // of it.
+      if (in_world && covered == static_cast<std::size_t>(reg.world_size())) {
+        std::vector<std::vector<int>> parts;
+        for (auto& l : *lists) parts.push_back(group_registry::canonical_ranks(l, reg.world_size(), what));
+        std::string name = reg.name_of(ranks);
+        return {std::move(name), std::move(ranks), std::move(parts)};
+      }
     } else {
       ranks = reg.find(std::get<std::string>(desc_));
     }
     CCGRAPH_CHECK(std::find(ranks.begin(), ranks.end(), rank) != ranks.end(), what, ": rank ",
                   rank, " is not a member of group ", list_str(ranks));
-    return {reg.name_of(ranks), std::move(ranks)};
+    std::string name = reg.name_of(ranks);
+    return {std::move(name), std::move(ranks), {}};
   }
 
   /// The group size, without a calling rank (every MPMD sub-list has the same size); -1 for a

@@ -233,7 +233,7 @@ struct signature {
   }
   /// The call-shaped description, with "?" for the parts allowed to differ.
   std::string str() const {
-    auto s = describe(op, inputs, group_info{"", ranks});
+    auto s = describe(op, inputs, group_info{"", ranks, {}});
     for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
     return s;
   }

@@ -48,6 +48,10 @@ struct collective_request {
   int rank = 0;  // the issuing (global) rank
   std::vector<buffer> inputs;
   std::vector<buffer> outputs;
+  /// The schedule runs a matmul between this collective and its wait (set by the graph
+  /// runner from the graph, so equal on every rank): a device backend may then run it on
+  /// fewer SMs and make that compute leave SMs to it. Eager calls cannot know and leave it off.
+  bool overlapped = false;
 
   /// Input metas, for messages and matching.
   std::vector<tensor_meta> input_metas() const {

@@ -6,6 +6,7 @@
 // buffers.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -127,6 +128,22 @@ struct arena_cache {
   std::size_t allocations = 0;
 };
 
+/// Per position of `g`'s order: true for a collective with a matmul between it and its first
+/// wait (see collective_request::overlapped).
+inline std::vector<bool> overlapped_collectives(const graph& g) {
+  const auto& nodes = g.nodes();
+  std::vector<bool> out(nodes.size(), false);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!nodes[i]->is_collective()) continue;
+    std::size_t first_wait = nodes.size();
+    for (const node* u : nodes[i]->users())
+      if (u->is_wait()) first_wait = std::min(first_wait, g.position(u));
+    for (std::size_t p = i + 1; p < first_wait && !out[i]; ++p)
+      out[i] = std::holds_alternative<ops::matmul>(nodes[p]->kind());
+  }
+  return out;
+}
+
 }  // namespace detail
 
 /// A graph made runnable on one rank: an interpreter over its nodes in order, releasing each
@@ -142,6 +159,7 @@ class executor {
     last_use_.assign(nodes.size(), 0);
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
+    overlapped_ = detail::overlapped_collectives(g_);
     inputs_ = g_.placeholders();
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
@@ -278,7 +296,7 @@ class executor {
         for (int k = 0; k < n->num_outputs(); ++k)
           if (const planned_buffer* b = plan_->buffer_at(i, k))
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
-      env[i] = run_node(*n, in, inputs, outs);
+      env[i] = run_node(*n, in, inputs, outs, overlapped_[i]);
       if (plan_ && n->is_collective())
         std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
       for (auto& a : n->args()) {
@@ -333,7 +351,7 @@ class executor {
   /// its results are written into.
   std::vector<any_tensor> run_node(const node& n, const std::vector<any_tensor>& in,
                                    const std::vector<any_tensor>& inputs,
-                                   const std::vector<any_tensor>& outs) const {
+                                   const std::vector<any_tensor>& outs, bool overlapped) const {
     return std::visit(
         [&](const auto& o) -> std::vector<any_tensor> {
           using O = std::decay_t<decltype(o)>;
@@ -352,7 +370,7 @@ class executor {
               for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
               for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
               auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
-                                                      outs.empty() ? nullptr : &into);
+                                                      outs.empty() ? nullptr : &into, overlapped);
               return std::vector<any_tensor>(res.begin(), res.end());
             });
           } else if constexpr (std::is_same_v<O, ops::pointwise>) {
@@ -434,6 +452,7 @@ class executor {
   // Shared by copies of the executor; set by the first call in cuda_graph mode.
   std::shared_ptr<std::shared_ptr<detail::captured_graph>> captured_;
   std::vector<std::size_t> last_use_;
+  std::vector<bool> overlapped_;  // per position: a collective with a matmul before its wait
   std::vector<node*> inputs_;
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
