@@ -1,16 +1,25 @@
 // bench_schedule: how long scheduling takes, and what it buys.
 //
-// Table 1: wall time of each pass on synthetic layered programs of ~1,000 and ~10,000 nodes
-// (median of 5; growth from 1k to 10k should be close to 10x).
+// Table 1: wall time of tracing, of each pass and of the memory plan on synthetic layered
+// programs of ~1,000, ~10,000 and ~100,000 nodes, one core (median of 5 runs; each pass runs
+// on a fresh copy of the traced graph, the copy not timed; the memory plan is made for the
+// order `overlap` gives; "of which graph::reorder" times the IR call each reordering pass ends
+// with). Linear growth is 10x from a column to the next; the last rows are cg::schedule (copy,
+// passes and lint) and trace + schedule, the figure PERF.md targets (10,000 nodes well under
+// 100 ms). `bench_schedule [N [R]]` stops at programs of about N nodes (default 100,000; 300000
+// adds a ~300,000-node column, 3x the one before) and takes the median of R runs.
 // Table 2: predicted exposed communication (H200 cost model, 2 ranks) for the seeds' reorder
 // program at N = 4096 and 8192 (bf16) and the TP MLP of PERF.md (T = H = 8192, bf16), with and
 // without decomposition into row chunks.
 #include <ccgraph/ccgraph.hpp>
+#include <ccgraph/schedule/memory_plan.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,8 +29,8 @@ namespace {
 
 const cg::group pair = std::vector<int>{0, 1};
 
-// `layers` blocks of: matmul, a fused pointwise chain, a view, and every other block an
-// all_reduce: about 6 nodes per block.
+// `layers` blocks of: matmul, a fused pointwise chain, two views, and every other block an
+// all_reduce with its wait: about 5 nodes per block.
 auto layered(int layers) {
   return [layers](auto x) {
     auto h = x;
@@ -54,33 +63,77 @@ auto tp_mlp = [](auto x, auto w1, auto w2) {
   return cg::wait_tensor(cg::all_reduce(cg::matmul(cg::gelu(cg::matmul(x, w1)), w2), "sum", pair));
 };
 
+template <class F>
+double median_ms(int runs, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < runs; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(t);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   const cg::trace_options two{.rank = 0, .world_size = 2};
-  std::printf("Scheduling time (ms), synthetic layered programs, one core\n");
-  std::printf("%-30s %10s %10s %8s\n", "pass", "~1k nodes", "~10k nodes", "ratio");
-  const std::vector<std::vector<std::string>> passes = {
-      {"sink_waits"}, {"raise_comms"}, {"reorder_compute_for_overlap"}, {"overlap"},
-      {"bucket_collectives"}, {"sink_waits", "raise_comms", "overlap"}};
-  auto g1 = cg::trace(two, layered(170), cg::input<float>({8, 8}));
-  auto g10 = cg::trace(two, layered(1700), cg::input<float>({8, 8}));
-  std::printf("%-30s %10zu %10zu\n", "(nodes)", g1.size(), g10.size());
-  for (const auto& p : passes) {
-    double t[2];
-    int k = 0;
-    for (const cg::graph* g : {static_cast<const cg::graph*>(&g1), static_cast<const cg::graph*>(&g10)}) {
-      std::vector<double> runs;
-      for (int r = 0; r < 5; ++r) {
+  const long max_nodes = argc > 1 ? std::atol(argv[1]) : 100000;
+  const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+  std::vector<int> layers;
+  for (int l : {200, 2000, 20000, 60000})
+    if (5L * l <= max_nodes + max_nodes / 100) layers.push_back(l);
+  // Rows of the table; each program is measured in full (and dropped) before the next larger
+  // one is traced, so a smaller program's times do not pay for a larger one's heap.
+  const std::vector<std::string> rows = {"trace", "sink_waits", "raise_comms", "reorder_compute_for_overlap",
+                                         "overlap", "bucket_collectives", "  of which graph::reorder",
+                                         "memory plan (plan_memory)", "schedule(sink+raise+overlap)",
+                                         "trace + schedule"};
+  std::vector<std::vector<double>> ms(rows.size());
+  std::vector<std::size_t> sizes;
+  const cg::schedule_options sopt;
+  const std::vector<std::string> pipeline = {"sink_waits", "raise_comms", "overlap"};
+  for (int l : layers) {
+    std::size_t r = 0;
+    ms[r++].push_back(median_ms(runs, [&] { (void)cg::trace(two, layered(l), cg::input<float>({8, 8})); }));
+    const cg::graph g = cg::trace(two, layered(l), cg::input<float>({8, 8}));
+    sizes.push_back(g.size());
+    for (const char* pass :
+         {"sink_waits", "raise_comms", "reorder_compute_for_overlap", "overlap", "bucket_collectives"}) {
+      std::vector<double> t;
+      for (int k = 0; k < runs; ++k) {
+        cg::graph copy = g;
         const auto t0 = std::chrono::steady_clock::now();
-        auto s = cg::schedule(*g, p);
-        runs.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        cg::apply_pass(copy, pass, sopt);
+        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
-      t[k++] = median(runs);
+      ms[r++].push_back(median(t));
     }
-    std::string name;
-    for (auto& s : p) name += (name.empty() ? "" : "+") + s;
-    std::printf("%-30s %10.2f %10.2f %8.1f\n", name.c_str(), t[0], t[1], t[1] / t[0]);
+    {
+      // What every reordering pass ends with (graph::reorder checks and applies the order): the
+      // part of the rows above that is the IR's, not the pass's.
+      cg::graph copy = g;
+      ms[r++].push_back(median_ms(runs, [&] { copy.reorder(copy.nodes()); }));
+    }
+    const auto scheduled = cg::schedule(g, {"overlap"}, sopt);
+    ms[r++].push_back(median_ms(runs, [&] { (void)cg::plan_memory(scheduled); }));
+    ms[r++].push_back(median_ms(runs, [&] { (void)cg::schedule(g, pipeline, sopt); }));
+    ms[r].push_back(ms[0].back() + ms[r - 1].back());
+  }
+  std::printf("Scheduling time (ms), synthetic layered programs, one core, median of %d\n", runs);
+  const char* labels[] = {"~1k", "~10k", "~100k", "~300k"};
+  std::printf("%-30s", "pass");
+  for (std::size_t k = 0; k < sizes.size(); ++k) std::printf(" %10s", labels[k]);
+  for (std::size_t k = 1; k < sizes.size(); ++k)
+    std::printf(" %10s", (std::string(labels[k] + 1) + "/" + (labels[k - 1] + 1)).c_str());
+  std::printf("\n%-30s", "(nodes)");
+  for (std::size_t n : sizes) std::printf(" %10zu", n);
+  std::printf("\n");
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    std::printf("%-30s", rows[r].c_str());
+    for (double x : ms[r]) std::printf(" %10.2f", x);
+    for (std::size_t k = 1; k < ms[r].size(); ++k) std::printf(" %9.1fx", ms[r][k] / ms[r][k - 1]);  // growth
+    std::printf("\n");
   }
 
   cg::schedule_options opt;

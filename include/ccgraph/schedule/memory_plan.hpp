@@ -208,24 +208,96 @@ struct pack_item {
   std::size_t first, last;
 };
 
+/// The items' live intervals, indexed by position so that finding the items live at the same
+/// time as one costs O(log positions) plus what it finds, not a pass over every item: a segment
+/// tree over the positions whose nodes list, in item order, the items that cover their whole
+/// range (each item sits in O(log positions) nodes, and the items live at position t are those
+/// on the path from leaf t to the root), and the items sorted by first position.
+class interval_index {
+ public:
+  explicit interval_index(const std::vector<pack_item>& items) : first_(items.size()) {
+    std::size_t positions = 1;
+    for (const pack_item& it : items) positions = std::max(positions, it.last + 1);
+    while (leaves_ < positions) leaves_ *= 2;
+    std::vector<std::size_t> count(2 * leaves_, 0);
+    for (const pack_item& it : items) cover(it, [&](std::size_t k) { ++count[k]; });
+    begin_.assign(2 * leaves_ + 1, 0);
+    for (std::size_t k = 0; k < 2 * leaves_; ++k) begin_[k + 1] = begin_[k] + count[k];
+    listed_.resize(begin_.back());
+    std::vector<std::size_t> fill(begin_.begin(), begin_.end() - 1);
+    for (std::size_t i = 0; i < items.size(); ++i) cover(items[i], [&](std::size_t k) { listed_[fill[k]++] = i; });
+    by_first_.resize(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) by_first_[i] = i;
+    std::stable_sort(by_first_.begin(), by_first_.end(),
+                     [&](std::size_t a, std::size_t b) { return items[a].first < items[b].first; });
+    for (std::size_t r = 0; r < items.size(); ++r) first_[r] = items[by_first_[r]].first;
+  }
+  /// Number of tree nodes (for `consumed` in take_live_at).
+  std::size_t nodes() const { return 2 * leaves_; }
+  /// Calls f(item) for every item live at position t.
+  template <class F>
+  void live_at(std::size_t t, F&& f) const {
+    if (t >= leaves_) return;
+    for (std::size_t k = t + leaves_; k >= 1; k /= 2)
+      for (std::size_t p = begin_[k]; p < begin_[k + 1]; ++p) f(listed_[p]);
+  }
+  /// Calls f(item) for every item live at position t listed in a node not yet `consumed`, and
+  /// marks those nodes consumed: over all t, each listing is visited once.
+  template <class F>
+  void take_live_at(std::size_t t, std::vector<char>& consumed, F&& f) const {
+    if (t >= leaves_) return;
+    for (std::size_t k = t + leaves_; k >= 1; k /= 2) {
+      if (consumed[k]) continue;
+      consumed[k] = 1;
+      for (std::size_t p = begin_[k]; p < begin_[k + 1]; ++p) f(listed_[p]);
+    }
+  }
+  /// Calls f(item) for every item whose first position is in (lo, hi]. With live_at(lo), every
+  /// item live at some position of [lo, hi], each once.
+  template <class F>
+  void starting_in(std::size_t lo, std::size_t hi, F&& f) const {
+    for (auto r = static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), lo) - first_.begin());
+         r < first_.size() && first_[r] <= hi; ++r)
+      f(by_first_[r]);
+  }
+
+ private:
+  // The canonical nodes of [it.first, it.last].
+  template <class F>
+  void cover(const pack_item& it, F&& f) const {
+    if (it.first > it.last) return;
+    for (std::size_t l = it.first + leaves_, r = it.last + leaves_ + 1; l < r; l /= 2, r /= 2) {
+      if (l & 1) f(l++);
+      if (r & 1) f(--r);
+    }
+  }
+
+  std::size_t leaves_ = 1;
+  std::vector<std::size_t> begin_, listed_;  // node k lists listed_[begin_[k], begin_[k + 1])
+  std::vector<std::size_t> by_first_, first_;  // items by first position, and those positions
+};
+
 /// Packs `items` into an arena: in `order`, each at the lowest offset (first fit) or in the
 /// tightest gap (best fit) where it overlaps no placed item live at the same time. Returns the
-/// offsets and the arena size.
+/// offsets and the arena size. `index` indexes `items`; an item costs O(log positions +
+/// k log k) for the k items live at some time with it (not a pass over every placed item).
 inline std::pair<std::vector<std::int64_t>, std::int64_t> pack(const std::vector<pack_item>& items,
+                                                               const interval_index& index,
                                                                const std::vector<std::size_t>& order,
                                                                bool best_fit, std::int64_t alignment) {
   std::vector<std::int64_t> off(items.size(), 0);
-  std::vector<std::size_t> done;
+  std::vector<char> placed(items.size(), 0);
   std::int64_t arena = 0;
   std::vector<std::pair<std::int64_t, std::int64_t>> taken;
   for (std::size_t i : order) {
     const pack_item& it = items[i];
     if (it.bytes == 0) continue;
     taken.clear();
-    for (std::size_t j : done) {
-      const pack_item& o = items[j];
-      if (o.first <= it.last && it.first <= o.last) taken.emplace_back(off[j], off[j] + o.bytes);
-    }
+    auto add = [&](std::size_t j) {
+      if (placed[j]) taken.emplace_back(off[j], off[j] + items[j].bytes);
+    };
+    index.live_at(it.first, add);
+    index.starting_in(it.first, it.last, add);
     std::sort(taken.begin(), taken.end());
     std::int64_t cur = 0, best = -1, best_gap = std::numeric_limits<std::int64_t>::max();
     for (auto& [lo, hi] : taken) {
@@ -241,36 +313,44 @@ inline std::pair<std::vector<std::int64_t>, std::int64_t> pack(const std::vector
     }
     off[i] = best >= 0 ? best : align_up(cur, alignment);
     arena = std::max(arena, off[i] + it.bytes);
-    done.push_back(i);
+    placed[i] = 1;
   }
   return {std::move(off), arena};
 }
 
 /// TensorFlow Lite's "greedy by breadth" order: positions by decreasing load, and at each the
-/// items live there not yet ordered, largest first.
-inline std::vector<std::size_t> breadth_order(const std::vector<pack_item>& items, std::size_t positions) {
-  std::vector<std::int64_t> load(positions, 0);
-  std::vector<std::vector<std::size_t>> live(positions);
-  for (std::size_t i = 0; i < items.size(); ++i)
-    for (std::size_t t = items[i].first; t <= items[i].last && t < positions; ++t) {
-      load[t] += items[i].bytes;
-      live[t].push_back(i);
+/// items live there not yet ordered, largest first (ties in item order). `index` indexes
+/// `items`; O(m log m + positions log positions) for m items.
+inline std::vector<std::size_t> breadth_order(const std::vector<pack_item>& items, const interval_index& index,
+                                              std::size_t positions) {
+  std::vector<std::int64_t> load(positions + 1, 0);
+  for (const pack_item& it : items)
+    if (it.first < positions) {
+      load[it.first] += it.bytes;
+      load[std::min(it.last, positions - 1) + 1] -= it.bytes;
     }
+  for (std::size_t t = 1; t < positions; ++t) load[t] += load[t - 1];
   std::vector<std::size_t> pos(positions);
   for (std::size_t t = 0; t < positions; ++t) pos[t] = t;
   std::stable_sort(pos.begin(), pos.end(), [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
   std::vector<std::size_t> order;
-  std::vector<bool> seen(items.size(), false);
+  order.reserve(items.size());
+  std::vector<char> seen(items.size(), 0), consumed(index.nodes(), 0);
+  std::vector<std::size_t> here;
   for (std::size_t t : pos) {
-    std::vector<std::size_t> here;
-    for (std::size_t i : live[t])
-      if (!seen[i]) here.push_back(i);
-    std::stable_sort(here.begin(), here.end(),
-                     [&](std::size_t a, std::size_t b) { return items[a].bytes > items[b].bytes; });
-    for (std::size_t i : here) {
-      seen[i] = true;
-      order.push_back(i);
-    }
+    // Every item a tree node lists is live at each position under it: once a node has been
+    // visited, its items are all ordered.
+    here.clear();
+    index.take_live_at(t, consumed, [&](std::size_t i) {
+      if (!seen[i]) {
+        seen[i] = 1;
+        here.push_back(i);
+      }
+    });
+    std::sort(here.begin(), here.end(), [&](std::size_t a, std::size_t b) {
+      return items[a].bytes != items[b].bytes ? items[a].bytes > items[b].bytes : a < b;
+    });
+    order.insert(order.end(), here.begin(), here.end());
   }
   for (std::size_t i = 0; i < items.size(); ++i)
     if (!seen[i]) order.push_back(i);
@@ -433,8 +513,10 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
   // Pack with several orders; keep the smallest arena (the first on ties: deterministic).
   // Packing is NP-hard (dynamic storage allocation) and live_peak_bytes is only a lower bound,
   // so when no fixed order reaches it, seeded random orders (size times a random power of the
-  // lifetime) are tried within a budget.
+  // lifetime) are tried within a budget. Each packing costs O(m log m + k log k) for m buffers
+  // of which k are live at once (the interval index finds a buffer's neighbours in time).
   const std::size_t m = items.size();
+  const detail::interval_index index(items);
   auto sorted = [&](auto less) {
     std::vector<std::size_t> o(m);
     for (std::size_t i = 0; i < m; ++i) o[i] = i;
@@ -442,28 +524,36 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
     return o;
   };
   auto span = [&](std::size_t i) { return static_cast<double>(items[i].last - items[i].first + 1); };
-  std::vector<std::vector<std::size_t>> orders = {
-      sorted([&](std::size_t a, std::size_t b) {
-        if (items[a].bytes != items[b].bytes) return items[a].bytes > items[b].bytes;
-        return span(a) > span(b);
-      }),
-      sorted([&](std::size_t a, std::size_t b) {
-        if (items[a].first != items[b].first) return items[a].first < items[b].first;
-        return items[a].bytes > items[b].bytes;
-      }),
-      sorted([&](std::size_t a, std::size_t b) {
-        if (span(a) != span(b)) return span(a) > span(b);
-        return items[a].bytes > items[b].bytes;
-      }),
-      sorted([&](std::size_t a, std::size_t b) {
-        return static_cast<double>(items[a].bytes) * span(a) > static_cast<double>(items[b].bytes) * span(b);
-      }),
-      detail::breadth_order(items, n),
+  // The fixed orders, each built only when the ones before it did not reach the lower bound.
+  auto fixed_order = [&](int k) {
+    switch (k) {
+      case 0:
+        return sorted([&](std::size_t a, std::size_t b) {
+          if (items[a].bytes != items[b].bytes) return items[a].bytes > items[b].bytes;
+          return span(a) > span(b);
+        });
+      case 1:
+        return sorted([&](std::size_t a, std::size_t b) {
+          if (items[a].first != items[b].first) return items[a].first < items[b].first;
+          return items[a].bytes > items[b].bytes;
+        });
+      case 2:
+        return sorted([&](std::size_t a, std::size_t b) {
+          if (span(a) != span(b)) return span(a) > span(b);
+          return items[a].bytes > items[b].bytes;
+        });
+      case 3:
+        return sorted([&](std::size_t a, std::size_t b) {
+          return static_cast<double>(items[a].bytes) * span(a) > static_cast<double>(items[b].bytes) * span(b);
+        });
+      default:
+        return detail::breadth_order(items, index, n);
+    }
   };
   std::int64_t best = -1;
   std::vector<std::int64_t> best_off(m, 0);
   auto attempt = [&](const std::vector<std::size_t>& o, bool best_fit) {
-    auto [off, arena] = detail::pack(items, o, best_fit, opt.alignment);
+    auto [off, arena] = detail::pack(items, index, o, best_fit, opt.alignment);
     if (best < 0 || arena < best) {
       best = arena;
       best_off = std::move(off);
@@ -471,9 +561,13 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
     return best <= plan.live_peak_bytes;
   };
   [&] {
-    for (const auto& o : orders)
+    for (int k = 0; k < 5; ++k) {
+      const std::vector<std::size_t> o = fixed_order(k);
       for (bool best_fit : {true, false})
         if (attempt(o, best_fit)) return;
+    }
+    // The number of tries is part of what the plan is (more tries, maybe another plan), so it
+    // keeps the budget of the first, quadratic, packer: up to 256, fewer above ~280 buffers.
     const double work = static_cast<double>(m) * static_cast<double>(m) + 1.0;
     const int tries = static_cast<int>(std::min(256.0, 2e7 / work));
     std::uint64_t state = 0x9e3779b97f4a7c15ull;  // splitmix64: the same plan everywhere
@@ -572,8 +666,16 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
           << " bytes) is misaligned or outside the arena of " << arena_bytes << " bytes";
       return fail();
     }
+    if (buf.values.empty()) {
+      err << "buffer " << b << " holds no value";
+      return fail();
+    }
     for (std::size_t i = 0; i < buf.values.size(); ++i) {
       const planned_value& v = buf.values[i];
+      if (v.position >= n) {
+        err << v.name << " is written at " << v.position << ", past the graph's " << n << " nodes";
+        return fail();
+      }
       if (v.position < buf.first || v.position > buf.last) {
         err << v.name << " is written at " << v.position << ", outside its buffer's interval [" << buf.first
             << ", " << buf.last << "]";
@@ -612,21 +714,34 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
       }
     }
   }
-  // No two buffers live at one position share a byte.
-  for (std::size_t a = 0; a < buffers.size(); ++a)
-    for (std::size_t b = a + 1; b < buffers.size(); ++b) {
-      const planned_buffer &x = buffers[a], &y = buffers[b];
-      if (x.bytes == 0 || y.bytes == 0) continue;
-      const bool in_time = x.first <= y.last && y.first <= x.last;
-      const bool in_space = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
-      if (in_time && in_space) {
-        err << "buffers " << a << " (" << x.values.front().name << ", bytes [" << x.offset << ", "
-            << x.offset + x.bytes << "), live [" << x.first << ", " << x.last << "]) and " << b << " ("
-            << y.values.front().name << ", bytes [" << y.offset << ", " << y.offset + y.bytes << "), live ["
-            << y.first << ", " << y.last << "]) overlap";
-        return fail();
-      }
+  // No two buffers live at one position share a byte. Every buffer holds a value written at a
+  // position of the graph (checked above), so each starts before the end, and cutting what
+  // lies past the end off its interval changes no overlap in time. For each buffer, the first
+  // later one it overlaps: the first overlapping pair reported is the same as by a pass over
+  // all pairs, for the cost of the pairs live at the same time.
+  std::vector<detail::pack_item> spans;
+  spans.reserve(buffers.size());
+  for (const planned_buffer& buf : buffers) spans.push_back({buf.bytes, buf.first, std::min(buf.last, n - 1)});
+  const detail::interval_index index(spans);
+  for (std::size_t a = 0; a < buffers.size(); ++a) {
+    const planned_buffer& x = buffers[a];
+    if (x.bytes == 0) continue;
+    std::size_t b = buffers.size();
+    auto consider = [&](std::size_t c) {
+      const planned_buffer& y = buffers[c];
+      if (c > a && c < b && y.bytes != 0 && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes) b = c;
+    };
+    index.live_at(x.first, consider);
+    index.starting_in(x.first, spans[a].last, consider);
+    if (b < buffers.size()) {
+      const planned_buffer& y = buffers[b];
+      err << "buffers " << a << " (" << x.values.front().name << ", bytes [" << x.offset << ", "
+          << x.offset + x.bytes << "), live [" << x.first << ", " << x.last << "]) and " << b << " ("
+          << y.values.front().name << ", bytes [" << y.offset << ", " << y.offset + y.bytes << "), live ["
+          << y.first << ", " << y.last << "]) overlap";
+      return fail();
     }
+  }
   return true;
 }
 
