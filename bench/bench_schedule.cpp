@@ -15,6 +15,8 @@
 #include <ccgraph/schedule/memory_plan.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "../examples/programs.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,19 +51,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-auto seed_program = [](auto a) {
-  auto ar = cg::all_reduce(a, "sum", pair);
-  auto g = cg::matmul(a, a);
-  auto c = cg::relu(a);
-  auto d = cg::matmul(c, c);
-  auto f = cg::eval(d * c * ar);
-  auto fr = cg::all_reduce(f, "sum", pair);
-  return cg::matmul(d + ar + fr, g);
-};
-
-auto tp_mlp = [](auto x, auto w1, auto w2) {
-  return cg::wait_tensor(cg::all_reduce(cg::matmul(cg::gelu(cg::matmul(x, w1)), w2), "sum", pair));
-};
+const auto seed_program = cg::examples::seed_program(pair);
+const auto tp_mlp = cg::examples::tp_mlp(pair);
 
 template <class F>
 double median_ms(int runs, F&& f) {

@@ -16,6 +16,8 @@
 // Medians of several runs (fewer for the largest program).
 #include <ccgraph/ccgraph.hpp>
 
+#include "../examples/programs.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,21 +43,8 @@ double time_ms(F&& f) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
-/// The benchmark program, written once for tensors and symbolic values. Per 16 steps: 12
-/// pointwise nodes (relu, mul and add fused), 5 view nodes and one all_reduce with its wait.
-template <class V>
-V program(V x, int steps) {
-  for (int i = 0; i < steps; ++i) {
-    switch (i % 16) {
-      case 3: x = x.reshape({1, 1}); break;
-      case 4: x = x.select(0, 0); break;
-      case 8: x = x.unsqueeze(0).transpose(0, 1).reshape({1}); break;
-      case 12: x = cg::all_reduce(x, "sum", "0"); break;
-      default: x = V(cg::relu(x) * 0.5f + 1.f); break;
-    }
-  }
-  return x;
-}
+/// The benchmark program (examples/programs.hpp), written once for tensors and symbolic values.
+using ccgraph::examples::long_chain;
 
 struct row {
   int steps;
@@ -66,7 +55,7 @@ struct row {
 row measure(int steps, int repeats) {
   row r{steps, 0, 0, 0, 0, 0, 0};
   cg::run_threads(1, [&](cg::rank_context& ctx) {
-    auto fn = [steps](auto x) { return program(x, steps); };
+    auto fn = [steps](auto x) { return long_chain(x, steps); };
     const auto x = cg::full<float>({1}, 0.25f);
     std::vector<double> trace, compile, compile_no_plan, run, eager;
     for (int k = 0; k < repeats; ++k) {

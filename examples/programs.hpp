@@ -31,4 +31,21 @@ inline auto tp_mlp(const group& g) {
   };
 }
 
+/// bench_trace's long program over the world group "0", `steps` steps on a 1-element value:
+/// per 16 steps 12 pointwise nodes (relu, mul and add fused), 5 view nodes and one all_reduce
+/// with its wait (19 nodes).
+template <class V>
+V long_chain(V x, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    switch (i % 16) {
+      case 3: x = x.reshape({1, 1}); break;
+      case 4: x = x.select(0, 0); break;
+      case 8: x = x.unsqueeze(0).transpose(0, 1).reshape({1}); break;
+      case 12: x = all_reduce(x, "sum", "0"); break;
+      default: x = V(relu(x) * 0.5f + 1.f); break;
+    }
+  }
+  return x;
+}
+
 }  // namespace ccgraph::examples

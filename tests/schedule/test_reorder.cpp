@@ -7,6 +7,8 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "../../examples/programs.hpp"
+
 #include <algorithm>
 #include <limits>
 #include <random>
@@ -50,15 +52,8 @@ auto raise_program = [](auto a) {
   auto ar = cg::all_reduce(a, "sum", pair);
   return cg::eval(d + ar);
 };
-auto reorder_program = [](auto a) {
-  auto ar = cg::all_reduce(a, "sum", pair);
-  auto g = cg::matmul(a, a);
-  auto c = cg::relu(a);
-  auto d = cg::matmul(c, c);
-  auto f = cg::eval(d * c * ar);
-  auto fr = cg::all_reduce(f, "sum", pair);
-  return cg::matmul(d + ar + fr, g);
-};
+// The seeds' test_reorder_compute_for_overlap program.
+const auto reorder_program = cg::examples::seed_program(pair);
 
 std::vector<std::string> collective_sequence(const cg::graph& g) {
   std::vector<std::string> out;

@@ -29,6 +29,8 @@
 
 #include <ccgraph/ccgraph.hpp>
 
+#include "../../examples/programs.hpp"
+
 namespace cg = ccgraph;
 
 namespace {
@@ -1065,23 +1067,7 @@ TEST_CASE("trace.property.random_programs_traced_equal_eager") {
 // Tracing cost
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-/// bench_trace's program (bench/bench_trace.cpp): per 16 steps 12 fused pointwise nodes, 5 view
-/// nodes and one all_reduce with its wait, 19 nodes in all.
-template <class V>
-V long_chain(V x, int steps) {
-  for (int i = 0; i < steps; ++i) {
-    switch (i % 16) {
-      case 3: x = x.reshape({1, 1}); break;
-      case 4: x = x.select(0, 0); break;
-      case 8: x = x.unsqueeze(0).transpose(0, 1).reshape({1}); break;
-      case 12: x = cg::all_reduce(x, "sum", "0"); break;
-      default: x = V(cg::relu(x) * 0.5f + 1.f); break;
-    }
-  }
-  return x;
-}
-}  // namespace
+using ccgraph::examples::long_chain;  // bench_trace's program
 
 TEST_CASE("trace.cost.grows_linearly_with_program_size") {
   // Tracing must stay close to linear in the number of nodes (bench/RESULTS.md records the
