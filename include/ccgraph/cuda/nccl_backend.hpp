@@ -378,7 +378,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t c = nullptr;
-    const auto world = comms_.find(world_ranks());
+    const auto world = comms_.find(world_ranks_);
     const bool split = !partition.empty() && world != comms_.end() && world->second.setup;
     const std::string what = (split ? "ncclCommSplit(world -> " : "ncclCommInitRankConfig(") + key + ")";
     ncclResult_t r = ncclSuccess;
@@ -470,12 +470,13 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// While recording a CUDA Graph that launched no collective, the communication stream is not
   /// part of the recording and there is nothing to join.
   void join() override {
-    if (capturing()) {
+    const bool in_capture = capturing();
+    if (in_capture) {
       cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
       CCGRAPH_CHECK_CUDA(cudaStreamIsCapturing(comm_stream(), &st));
       if (st != cudaStreamCaptureStatusActive) return;
     }
-    if (!capturing() || !ordered_after(current_stream(), comm_stream())) {
+    if (!in_capture || !ordered_after(current_stream(), comm_stream())) {
       shared_event e = events_->get();
       CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
@@ -540,17 +541,16 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     nccl_comm overlap;  // capped at overlap_sms CTAs, made on first overlapped use
   };
 
+  static std::vector<int> all_ranks(int n) {
+    std::vector<int> r(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) r[static_cast<std::size_t>(i)] = i;
+    return r;
+  }
+
   static stream make_comm_stream() {
     int lo = 0, hi = 0;
     CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     return stream(cudaStreamNonBlocking, hi);  // communication first: it is on the critical path
-  }
-
-  /// Every rank of the world, in order: the world communicator's key.
-  const std::vector<int>& world_ranks() {
-    if (world_ranks_.empty())
-      for (int i = 0; i < world_size_; ++i) world_ranks_.push_back(i);
-    return world_ranks_;
   }
 
   /// While both record one CUDA Graph: true when the next node on `later` already depends on
@@ -706,7 +706,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::deque<inflight> inflight_;
   std::string local_failure_;
   wait_watchdog watchdog_;
-  std::vector<int> world_ranks_;
+  std::vector<int> world_ranks_ = all_ranks(world_size_);  // the world communicator's key
   int unjoined_[2] = {0, 0};  // collectives launched and not yet waited ([1]: overlapped ones)
 
   /// The SMs this thread's GEMMs leave free: to the collectives still running.
