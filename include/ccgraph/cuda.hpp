@@ -5,6 +5,7 @@
 #include <ccgraph/ccgraph.hpp>
 
 #include <ccgraph/cuda/blas.hpp>
+#include <ccgraph/cuda/block_cache.hpp>
 #include <ccgraph/cuda/compat.hpp>
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>

@@ -196,6 +196,70 @@ GPU_TEST_CASE("device_tensor.mixed_devices_are_errors") {
   CHECK_THROWS_AS(h.copy_(a), cg::error);
 }
 
+GPU_TEST_CASE("device_tensor.block_cache_reuses_small_blocks_on_the_rank_stream") {
+  cg::cuda::run_gpus(1, [&](cg::rank_context& ctx) {
+    using cache = cg::cuda::detail::block_cache;
+    const auto s0 = cg::cuda::block_cache_stats();
+    const void* first = nullptr;
+    {
+      auto a = cg::full<float>({1000}, 2.f);  // 4000 bytes: a 4096-byte block
+      first = a.storage()->data();
+      CHECK(a.to_vector() == std::vector<float>(1000, 2.f));
+    }
+    CHECK(cg::cuda::block_cache_stats().cached_bytes == s0.cached_bytes + 4096);
+    auto b = cg::full<float>({1024}, 3.f);  // 4096 bytes: the same size class, the same block
+    CHECK(b.storage()->data() == first);
+    CHECK(b.to_vector() == std::vector<float>(1024, 3.f));
+    const auto s1 = cg::cuda::block_cache_stats();
+    CHECK(s1.hits == s0.hits + 1);
+    CHECK(s1.cached_bytes == s0.cached_bytes);
+
+    // Above max_block: straight to the pool, never held.
+    { auto big = cg::tensor<float>::empty({static_cast<std::int64_t>(cache::max_block / 4 + 1)}); }
+    CHECK(cg::cuda::block_cache_stats().cached_bytes == s1.cached_bytes);
+    CHECK(cg::cuda::block_cache_stats().owned_blocks == s1.owned_blocks);
+
+    // A result computed into a reused block is right, even with the old user still queued.
+    for (int i = 0; i < 20; ++i) {
+      auto x = cg::full<float>({256}, static_cast<float>(i));
+      auto y = cg::tensor<float>(x * 2.f + 1.f);
+      CHECK(y.to_vector() == std::vector<float>(256, 2.f * static_cast<float>(i) + 1.f));
+    }
+    CHECK(cg::cuda::block_cache_stats().hits > s1.hits);
+
+    // While the stream records a CUDA Graph the cache neither hands out nor keeps blocks.
+    { auto c = cg::tensor<float>::empty({1024}); }  // one 4096-byte block held
+    const auto s2 = cg::cuda::block_cache_stats();
+    CHECK(s2.cached_bytes >= 4096);
+    const cudaStream_t st = cg::cuda::current_stream();
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    {
+      auto in_graph = cg::tensor<float>::empty({1024});
+      CHECK(in_graph.storage()->data() != b.storage()->data());
+    }
+    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+    const auto s3 = cg::cuda::block_cache_stats();
+    CHECK(s3.hits == s2.hits);
+    CHECK(s3.cached_bytes == s2.cached_bytes);
+    CHECK(s3.owned_blocks == s2.owned_blocks);
+
+    // Another stream of the same thread has no cache: its blocks go to the pool.
+    cg::cuda::stream other;
+    {
+      cg::cuda::stream_guard on(other.get());
+      CHECK(cg::cuda::block_cache_stats().owned_blocks == 0);
+      auto d = cg::full<float>({1024}, 1.f);
+      CHECK(d.to_vector() == std::vector<float>(1024, 1.f));
+    }
+    CHECK(cg::cuda::block_cache_stats().hits == s3.hits);
+    CHECK(ctx.rank() == 0);
+  });
+  // Outside a rank there is no cache at all.
+  CHECK(cg::cuda::block_cache_stats().owned_blocks == 0);
+}
+
 GPU_TEST_CASE("nccl.collectives_match_threads_backend.1_gpu") { same_as_threads(1, collective_suite); }
 
 TEST_CASE("nccl.collectives_match_threads_backend.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {

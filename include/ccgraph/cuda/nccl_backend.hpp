@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/cuda/block_cache.hpp>
 #include <ccgraph/cuda/compat.hpp>
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
@@ -748,7 +749,8 @@ class process_rank {
         device_(set_device(cfg)),
         dev_guard_(device::cuda(device_)),
         compute_(cudaStreamNonBlocking),
-        on_(compute_.get()) {
+        on_(compute_.get()),
+        blocks_(compute_.get(), device_) {
     comm_ = std::make_shared<detail::nccl_rank>(cfg.rank, cfg.world_size, device_,
                                                 std::make_shared<detail::store_id_exchange>(store_),
                                                 world_, opt);
@@ -799,6 +801,7 @@ class process_rank {
   device_guard dev_guard_;
   stream compute_;
   stream_guard on_;
+  detail::block_cache blocks_;  // small blocks freed on compute_ (ends before it)
   std::shared_ptr<detail::nccl_rank> comm_;
   std::optional<detail::nccl_rank::current_watchdog_guard> watchdog_;
   std::optional<rank_context> ctx_;
@@ -835,6 +838,7 @@ void run_gpus(int n, F&& fn, nccl_options opt = {}) {
         device_guard dev(device::cuda(r));
         stream compute(cudaStreamNonBlocking);
         stream_guard on(compute.get());
+        detail::block_cache blocks(compute.get(), r);  // before `compute` ends: it frees there
         comm = std::make_shared<detail::nccl_rank>(r, n, r, ids, world, opt);
         detail::nccl_rank::current_watchdog_guard wd(comm->watchdog());
         std::vector<int> all(static_cast<std::size_t>(n));

@@ -1,5 +1,5 @@
 // ccgraph/cuda/runtime.hpp: the CUDA device runtime behind device tensors: stream-ordered
-// caching allocation (CUDA's memory pools), copies, synchronisation with a watchdog, GEMM.
+// caching allocation (CUDA's memory pools, and the rank's block cache for small blocks), copies, synchronisation with a watchdog, GEMM.
 // Including this header installs it (see detail::device_runtime in tensor/device_runtime.hpp).
 #pragma once
 
@@ -15,6 +15,7 @@
 #include <ccgraph/core/device.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/cuda/blas.hpp>
+#include <ccgraph/cuda/block_cache.hpp>
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/graph.hpp>
@@ -80,35 +81,53 @@ inline void wait_stream(cudaStream_t s, const char* what) {
 /// stream-ordered equivalent of PyTorch's caching allocator, and capturable in CUDA Graphs.
 inline void configure_pool(int dev) {
   static constexpr int max_devices = 64;
+  thread_local bool seen[max_devices] = {};  // this thread's fast path: no lock per allocation
+  if (dev >= 0 && dev < max_devices && seen[dev]) return;
   static bool done[max_devices] = {};
   static std::mutex mu;
   std::lock_guard lk(mu);
-  if (dev < 0 || dev >= max_devices || done[dev]) return;
-  cudaMemPool_t pool = nullptr;
-  CCGRAPH_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-  std::uint64_t threshold = UINT64_MAX;
-  CCGRAPH_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  done[dev] = true;
+  if (dev < 0 || dev >= max_devices) return;
+  if (!done[dev]) {
+    cudaMemPool_t pool = nullptr;
+    CCGRAPH_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+    std::uint64_t threshold = UINT64_MAX;
+    CCGRAPH_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    done[dev] = true;
+  }
+  seen[dev] = true;
 }
 
 inline void* allocate(device dev, std::size_t bytes) {
   device_scope scope(dev.index);
   configure_pool(dev.index);
+  const cudaStream_t s = current_stream();
+  // Small blocks on the rank's stream come from its cache (see block_cache for why and when).
+  block_cache* cache = block_cache::cacheable(bytes) ? block_cache::active(s, dev.index) : nullptr;
+  const std::size_t size = cache ? block_cache::rounded(bytes) : bytes;
+  if (cache)
+    if (void* p = cache->take(size)) return p;
   void* p = nullptr;
-  const cudaError_t st = cudaMallocAsync(&p, bytes, current_stream());
+  cudaError_t st = cudaMallocAsync(&p, size, s);
+  if (st == cudaErrorMemoryAllocation && cache) {
+    (void)cudaGetLastError();
+    cache->flush();  // what the cache holds may be what is missing
+    st = cudaMallocAsync(&p, size, s);
+  }
   if (st != cudaSuccess) {
     (void)cudaGetLastError();
     CCGRAPH_THROW(::ccgraph::cuda_error, "tensor allocation: cudaMallocAsync of ", bytes,
                   " bytes on ", dev, " failed: ", cudaGetErrorName(st), " (",
                   cudaGetErrorString(st), ")");
   }
+  if (cache && !cache->recording()) cache->adopt(p, size);
   return p;
 }
 
 inline void deallocate(device dev, void* p, std::size_t) {
-  // Freed in the order of this thread's stream: blocks go back to the pool once the work
-  // queued so far (the last users) has run. Errors are dropped: destructors cannot throw, and
-  // at exit the context may be gone.
+  // Freed in the order of this thread's stream: blocks go back to the pool (or the rank's
+  // cache) once the work queued so far (the last users) has run. Errors are dropped:
+  // destructors cannot throw, and at exit the context may be gone.
+  if (block_cache* cache = block_cache::active(current_stream(), dev.index); cache && cache->give(p)) return;
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) return;
   if (cur != dev.index) (void)cudaSetDevice(dev.index);

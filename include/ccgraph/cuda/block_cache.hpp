@@ -1,0 +1,163 @@
+// ccgraph/cuda/block_cache.hpp: a rank's host-side cache of the small device blocks freed on
+// its compute stream, handed to the next allocations of the same size on that stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include <ccgraph/cuda/current.hpp>
+
+#include <cuda_runtime_api.h>
+
+namespace ccgraph::cuda {
+
+namespace detail {
+
+/// Why: a cudaMallocAsync + cudaFreeAsync pair costs 1.0-1.5 us of host time even when the
+/// pool serves it from memory it already holds (bench_gpu_probe), as much as launching the
+/// small kernel or collective the tensor is for. Eager ops on small tensors are host-bound, so
+/// each rank keeps what its stream freed and reuses it, like PyTorch's caching allocator.
+///
+/// Safety is the stream-ordered rule CUDA's own pools follow: a block freed on a stream may be
+/// reused by later work on the same stream without synchronisation, since the stream runs the
+/// old users first. So the cache serves one stream (the rank's compute stream) and only the
+/// thread that runs the rank uses it (`active()`): no locks. It keeps only blocks it allocated
+/// itself (of the rounded size it hands out), nothing while the stream records a CUDA Graph
+/// (allocations there must become graph nodes), and nothing above `max_block` bytes, where the
+/// call's cost is small next to the work on the block. It gives everything back to the pool,
+/// in the stream's order, when destroyed (before the stream) or when an allocation fails.
+class block_cache {
+ public:
+  /// Largest block kept (bytes); larger ones go straight to the pool.
+  static constexpr std::size_t max_block = std::size_t{4} << 20;
+  /// Most bytes held unused; a block freed beyond it goes back to the pool.
+  static constexpr std::size_t max_cached = std::size_t{256} << 20;
+  /// Sizes are rounded up to this, so nearby sizes share blocks.
+  static constexpr std::size_t granule = 512;
+
+  /// What the cache did so far (for tests and benchmarks).
+  struct stats {
+    std::uint64_t hits = 0;        ///< allocations served from the cache
+    std::uint64_t misses = 0;      ///< cacheable allocations that went to the pool
+    std::size_t cached_bytes = 0;  ///< bytes held unused now
+    std::size_t owned_blocks = 0;  ///< blocks it allocated that are not back in the pool
+  };
+
+  /// Serves allocations on `s` (of device `device`) made by the calling thread, which becomes
+  /// the cache's thread until destruction. One per thread at a time.
+  block_cache(cudaStream_t s, int device) : stream_(s), device_(device), prev_(slot()) { slot() = this; }
+  block_cache(const block_cache&) = delete;
+  block_cache& operator=(const block_cache&) = delete;
+  /// Gives the unused blocks back to the pool in `s`'s order; blocks still in use go back
+  /// there when their tensors free them. Destroy it on its thread, before its stream.
+  ~block_cache() {
+    flush();
+    slot() = prev_;
+  }
+
+  /// The calling thread's cache when it serves stream `s` of `device`, else null.
+  static block_cache* active(cudaStream_t s, int device) noexcept {
+    block_cache* c = slot();
+    return c && c->stream_ == s && c->device_ == device ? c : nullptr;
+  }
+
+  /// The size a cacheable request of `bytes` is allocated with.
+  static constexpr std::size_t rounded(std::size_t bytes) noexcept {
+    return bytes == 0 ? granule : (bytes + granule - 1) / granule * granule;
+  }
+  static constexpr bool cacheable(std::size_t bytes) noexcept { return bytes <= max_block; }
+
+  /// A cached block of `size` (a rounded() size), or null. Not while the stream records.
+  void* take(std::size_t size) {
+    if (recording()) return nullptr;
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) {
+      ++stats_.misses;
+      return nullptr;
+    }
+    void* p = it->second.back();
+    it->second.pop_back();
+    stats_.cached_bytes -= size;
+    ++stats_.hits;
+    return p;
+  }
+
+  /// Records that `p` of `size` bytes was allocated for this cache (outside a recording).
+  void adopt(void* p, std::size_t size) { owned_.emplace(p, size); }
+
+  /// True when this cache allocated `p`, which it then keeps for reuse (or gives back to the
+  /// pool itself); false: the caller frees it.
+  bool give(void* p) {
+    auto it = owned_.find(p);
+    if (it == owned_.end()) return false;
+    const std::size_t size = it->second;
+    if (recording() || stats_.cached_bytes + size > max_cached) {
+      owned_.erase(it);
+      return false;  // freed by the caller, as a graph node while recording
+    }
+    free_[size].push_back(p);
+    stats_.cached_bytes += size;
+    return true;
+  }
+
+  /// Gives every unused block back to the pool (ordered after the stream's queued work), so
+  /// an allocation that failed can retry with that memory.
+  void flush() noexcept {
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) {
+        (void)cudaFreeAsync(p, stream_);
+        owned_.erase(p);
+      }
+    free_.clear();
+    stats_.cached_bytes = 0;
+  }
+
+  /// Whether the stream is recording a CUDA Graph now (checked per call: users may record
+  /// with their own cudaStreamBeginCapture).
+  bool recording() const noexcept {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;  // unknown: do not cache
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+  /// Counters and sizes so far.
+  stats statistics() const noexcept {
+    stats s = stats_;
+    s.owned_blocks = owned_.size();
+    return s;
+  }
+
+ private:
+  static block_cache*& slot() noexcept {
+    thread_local block_cache* c = nullptr;
+    return c;
+  }
+
+  cudaStream_t stream_;
+  int device_;
+  block_cache* prev_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;  // rounded size -> unused blocks
+  std::unordered_map<void*, std::size_t> owned_;              // every block it allocated
+  stats stats_;
+};
+
+}  // namespace detail
+
+/// The counters of the calling thread's block cache for its current stream and device (all
+/// zero when it has none: outside a rank, or on another stream).
+inline detail::block_cache::stats block_cache_stats() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  const detail::block_cache* c = detail::block_cache::active(current_stream(), dev);
+  return c ? c->statistics() : detail::block_cache::stats{};
+}
+
+}  // namespace ccgraph::cuda
