@@ -399,9 +399,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     // made by ncclCommSplit (collective over the same members, right away): a non-blocking
     // communicator may hand each launch to a helper thread and costs tens of microseconds per
     // collective. A hang on the blocking one is still ended by the watchdog's abort.
-    if (const char* nb = std::getenv("CCGRAPH_NCCL_NONBLOCKING"); nb && *nb == '1') {
-      return c;  // (kept as a switch to compare the two modes)
-    }
+    if (nonblocking_) return c;  // (kept as a switch to compare the two modes)
     ncclConfig_t data_cfg = NCCL_CONFIG_INITIALIZER;
     data_cfg.blocking = 1;
     if (opt_.max_ctas > 0) data_cfg.maxCTAs = opt_.max_ctas;
@@ -450,14 +448,20 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready_.get(), 0));
     }
     shared_event done = events_->get();
-    CCGRAPH_CHECK_NCCL(ncclGroupStart());
+    // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
+    // is its own group, without the explicit one's extra host cost.
+    // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
+    const bool grouped = nonblocking_ || req->inputs.size() > 1 ||
+                         std::holds_alternative<ops::all_to_all_single>(req->op);
+    if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
+    ncclResult_t r = ncclSuccess;
     try {
       issue(*req, c, what);
     } catch (...) {
-      (void)ncclGroupEnd();
+      if (grouped) (void)ncclGroupEnd();
       throw;
     }
-    const ncclResult_t r = ncclGroupEnd();
+    if (grouped) r = ncclGroupEnd();
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
     if (r == ncclInProgress) settle(c, what);
     CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream()));
@@ -533,6 +537,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   struct inflight {
     shared_event done;
     std::shared_ptr<::ccgraph::detail::collective_request> req;  // for the timeout's message
+    std::size_t bytes = 0;  // of its buffers
   };
   /// A group's communicators: the non-blocking one it was set up with and the blocking child
   /// its collectives run on.
@@ -598,11 +603,24 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   }
 
   /// Remembers a launched collective until it is seen complete (it holds its buffers until
-  /// then, which is when they may be freed anyway).
+  /// then, which is when they may be freed anyway). Completed ones are dropped in batches:
+  /// querying an event still pending costs ~1.5 us of host time, a third of an eager launch,
+  /// so the list is reaped only once it holds `reap_count` collectives or `reap_bytes` of
+  /// buffers (which bounds the memory it keeps from reuse).
   void track(const shared_event& done, const std::shared_ptr<::ccgraph::detail::collective_request>& req) {
-    while (!inflight_.empty() && cudaEventQuery(inflight_.front().done.get()) == cudaSuccess)
-      inflight_.pop_front();
-    inflight_.push_back({done, req});
+    static constexpr std::size_t reap_count = 64;
+    static constexpr std::size_t reap_bytes = std::size_t{256} << 20;
+    std::size_t bytes = 0;
+    for (const auto* side : {&req->inputs, &req->outputs})
+      for (const auto& b : *side) bytes += static_cast<std::size_t>(numel_of(b.meta.shape)) * element_size(b.meta.dtype);
+    if (inflight_.size() >= reap_count || inflight_bytes_ + bytes > reap_bytes) {
+      while (!inflight_.empty() && cudaEventQuery(inflight_.front().done.get()) == cudaSuccess) {
+        inflight_bytes_ -= inflight_.front().bytes;
+        inflight_.pop_front();
+      }
+    }
+    inflight_.push_back({done, req, bytes});
+    inflight_bytes_ += bytes;
   }
 
   /// The watchdog: a peer's failure or a communicator error ends the wait at once; so does
@@ -635,7 +653,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
   }
 
-  /// Enqueues the NCCL calls of `req` (inside a group).
+  /// Enqueues the NCCL calls of `req` (inside a group when there are several).
   void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, const char* what) {
     const cudaStream_t s = comm_stream();
     auto numel = [](const ::ccgraph::detail::buffer& b) { return static_cast<std::size_t>(numel_of(b.meta.shape)); };
@@ -705,6 +723,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::shared_ptr<event_pool> events_;
   std::map<std::vector<int>, comm_pair> comms_;
   std::deque<inflight> inflight_;
+  // CCGRAPH_NCCL_NONBLOCKING=1: collectives run on the non-blocking set-up communicators.
+  const bool nonblocking_ = [] {
+    const char* nb = std::getenv("CCGRAPH_NCCL_NONBLOCKING");
+    return nb && *nb == '1';
+  }();
+  std::size_t inflight_bytes_ = 0;  // buffers the entries of inflight_ hold
   std::string local_failure_;
   wait_watchdog watchdog_;
   std::vector<int> world_ranks_ = all_ranks(world_size_);  // the world communicator's key
