@@ -232,6 +232,45 @@ void ccgraph_pieces(int world) {
         host_us(iters, [&](int) { (void)cg::all_reduce(x, "sum", g); }), "us");
     row(r, "all_reduce + wait, host", host_us(iters, [&](int) { cg::all_reduce(x, "sum", g).wait(); }), "us");
     row(r, "all_reduce + wait, GPU per op", per_step_us(s, iters, [&](int) { cg::all_reduce(x, "sum", g).wait(); }), "us");
+    // The same NCCL call on the communicator and stream ccgraph launches on: tells the cost of
+    // the communicator (a blocking child split from a non-blocking one) from ccgraph's own.
+    if (auto* nr = dynamic_cast<cc::detail::nccl_rank*>(&ctx.comm())) {
+      const ncclComm_t c = nr->comm_for(all);
+      const cudaStream_t cs = nr->comm_stream();
+      auto y = cg::tensor<float>::empty({1024});
+      row(r, "host: ncclAllReduce on ccgraph's communicator and stream",
+          host_us(iters, [&](int) { CCGRAPH_CHECK_NCCL(ncclAllReduce(x.data(), y.data(), 1024, ncclFloat32, ncclSum, c, cs)); }), "us");
+      row(r, "host: the same inside ncclGroupStart/End",
+          host_us(iters, [&](int) {
+            CCGRAPH_CHECK_NCCL(ncclGroupStart());
+            CCGRAPH_CHECK_NCCL(ncclAllReduce(x.data(), y.data(), 1024, ncclFloat32, ncclSum, c, cs));
+            CCGRAPH_CHECK_NCCL(ncclGroupEnd());
+          }), "us");
+      CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(cs));
+      cc::event done;
+      done.record(cs);
+      CCGRAPH_CHECK_CUDA(cudaEventSynchronize(done.get()));
+      row(r, "host: cudaEventQuery (completed event)", host_us(iters, [&](int) { (void)cudaEventQuery(done.get()); }), "us");
+      row(r, "host: cudaStreamIsCapturing", host_us(iters, [&](int) {
+            cudaStreamCaptureStatus st{};
+            (void)cudaStreamIsCapturing(s, &st);
+          }), "us");
+      // The eager call taken apart, cumulatively: the request with its output, then the
+      // backend's launch, then the wait.
+      auto request = [&] {
+        auto req = std::make_shared<cg::detail::collective_request>();
+        req->group = ctx.resolve(g, "probe");
+        req->op = cg::ops::all_reduce{cg::reduce_op::sum};
+        req->inputs.push_back(cg::detail::to_buffer(x));
+        auto out = cg::tensor<float>::empty({1024});
+        req->outputs.push_back(cg::detail::to_buffer(out));
+        return req;
+      };
+      row(r, "pieces: request + output", host_us(iters, [&](int) { (void)request(); }), "us");
+      row(r, "pieces: + backend launch (work dropped)", host_us(iters, [&](int) { (void)nr->launch(request()); }), "us");
+      row(r, "pieces: + wait", host_us(iters, [&](int) { nr->launch(request())->wait(); }), "us");
+      row(r, "pieces: join hop alone (record + wait)", host_us(iters, [&](int) { nr->join(); }), "us");
+    }
     // The seed program's pointwise kernels at N = 8192 bf16, against a device-to-device copy:
     // bytes read and written per microsecond.
     {
