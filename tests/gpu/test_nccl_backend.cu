@@ -279,11 +279,14 @@ TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(ccgraph_test::gp
   });
 }
 
-TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+namespace {
+
+/// GEMMs leave nccl_options::gemm_sm_carveout SMs free while a collective is out, on n ranks.
+void gemm_carveout_case(int n) {
   cg::cuda::nccl_options opt;
   opt.gemm_sm_carveout = 16;
   cg::cuda::run_gpus(
-      2,
+      n,
       [](cg::rank_context& ctx) {
         auto& carveout = cg::cuda::detail::gemm_sm_carveout();
         CHECK(carveout == 0);
@@ -309,16 +312,16 @@ TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus" * doctest::skip(
       opt);
 }
 
-TEST_CASE("nccl.overlapped_collectives_run_capped_with_same_results.2_gpus" *
-          doctest::skip(ccgraph_test::gpu_count() < 2)) {
-  // A schedule that runs a matmul before an all_reduce's wait marks it overlapped: with
-  // overlap_sms it runs on the group's capped communicator while GEMMs leave SMs to it.
+/// A schedule that runs a matmul before an all_reduce's wait marks it overlapped: with
+/// overlap_sms it runs on the group's capped communicator (split on first use) while GEMMs
+/// leave SMs to it, with the eager results, on n ranks.
+void overlapped_case(int n) {
   cg::cuda::nccl_options opt;
   opt.overlap_sms = 8;
   cg::cuda::run_gpus(
-      2,
+      n,
       [](cg::rank_context& ctx) {
-        const cg::group world = std::vector<int>{0, 1};
+        const cg::group world = ctx.world();
         auto program = [&](auto a) {
           auto ar = cg::all_reduce(a, "sum", world);
           auto m = cg::matmul(a, a);
@@ -340,6 +343,13 @@ TEST_CASE("nccl.overlapped_collectives_run_capped_with_same_results.2_gpus" *
       },
       opt);
 }
+
+}  // namespace
+
+GPU_TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.1_gpu") { gemm_carveout_case(1); }
+GPUS_TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus", 2) { gemm_carveout_case(2); }
+GPU_TEST_CASE("nccl.overlapped_collectives_run_capped_with_same_results.1_gpu") { overlapped_case(1); }
+GPUS_TEST_CASE("nccl.overlapped_collectives_run_capped_with_same_results.2_gpus", 2) { overlapped_case(2); }
 
 TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   cg::cuda::nccl_options opt;
