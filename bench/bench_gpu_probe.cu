@@ -225,7 +225,7 @@ void ccgraph_pieces(int world) {
     if (r == 0) std::printf("\n| ccgraph eager all_reduce 4 KiB f32, host cost of its pieces | value | unit |\n|---|---:|---|\n");
     auto x = cg::uniform<float>({1024}, -1, 1, 5);
     cudaStream_t s = cc::current_stream();
-    row(r, "tensor::empty + free (cudaMallocAsync pool)", host_us(iters, [&](int) { (void)cg::tensor<float>::empty({1024}); }), "us");
+    row(r, "tensor::empty + free (the rank's block cache)", host_us(iters, [&](int) { (void)cg::tensor<float>::empty({1024}); }), "us");
     row(r, "group resolve", host_us(iters, [&](int) { (void)ctx.resolve(g, "probe"); }), "us");
     row(r, "reduce_op parse \"sum\"", host_us(iters, [&](int) { (void)cg::parse_reduce_op("sum"); }), "us");
     row(r, "all_reduce launch only (result dropped: destructor joins)",

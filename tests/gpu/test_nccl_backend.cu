@@ -15,6 +15,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cg = ccgraph;
@@ -244,6 +245,17 @@ GPU_TEST_CASE("device_tensor.block_cache_reuses_small_blocks_on_the_rank_stream"
     CHECK(s3.hits == s2.hits);
     CHECK(s3.cached_bytes == s2.cached_bytes);
     CHECK(s3.owned_blocks == s2.owned_blocks);
+
+    // A block freed on another thread goes to the pool, and the cache forgets it (the pool may
+    // hand the address out again).
+    {
+      auto t = cg::full<float>({300}, 4.f);
+      CHECK(t.to_vector() == std::vector<float>(300, 4.f));  // (its users are done)
+      const auto held = cg::cuda::block_cache_stats();
+      std::thread([moved = std::move(t)]() mutable { auto last = std::move(moved); }).join();
+      CHECK(cg::cuda::block_cache_stats().owned_blocks == held.owned_blocks - 1);
+      CHECK(cg::cuda::block_cache_stats().cached_bytes == held.cached_bytes);
+    }
 
     // Another stream of the same thread has no cache: its blocks go to the pool.
     cg::cuda::stream other;

@@ -2,8 +2,10 @@
 // its compute stream, handed to the next allocations of the same size on that stream.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -15,19 +17,22 @@ namespace ccgraph::cuda {
 
 namespace detail {
 
-/// Why: a cudaMallocAsync + cudaFreeAsync pair costs 1.0-1.5 us of host time even when the
+/// Why: a cudaMallocAsync + cudaFreeAsync pair costs 1.0-2.1 us of host time even when the
 /// pool serves it from memory it already holds (bench_gpu_probe), as much as launching the
 /// small kernel or collective the tensor is for. Eager ops on small tensors are host-bound, so
 /// each rank keeps what its stream freed and reuses it, like PyTorch's caching allocator.
 ///
 /// Safety is the stream-ordered rule CUDA's own pools follow: a block freed on a stream may be
 /// reused by later work on the same stream without synchronisation, since the stream runs the
-/// old users first. So the cache serves one stream (the rank's compute stream) and only the
-/// thread that runs the rank uses it (`active()`): no locks. It keeps only blocks it allocated
-/// itself (of the rounded size it hands out), nothing while the stream records a CUDA Graph
-/// (allocations there must become graph nodes), and nothing above `max_block` bytes, where the
-/// call's cost is small next to the work on the block. It gives everything back to the pool,
-/// in the stream's order, when destroyed (before the stream) or when an allocation fails.
+/// old users first. So a cache serves one stream (the rank's compute stream), for the thread
+/// that runs the rank (`active()`). It keeps only blocks it allocated itself (of the rounded
+/// size it hands out), nothing while the stream records a CUDA Graph (allocations there must
+/// become graph nodes), and nothing above `max_block` bytes, where the call's cost is small
+/// next to the work on the block. A block it allocated that is freed anywhere else (another
+/// thread or stream) goes to the pool and the cache forgets it (`forget_everywhere`), so an
+/// address the pool hands out again is never mistaken for one of its blocks. It gives
+/// everything back to the pool, in the stream's order, when destroyed (before the stream) or
+/// when an allocation fails.
 class block_cache {
  public:
   /// Largest block kept (bytes); larger ones go straight to the pool.
@@ -47,12 +52,21 @@ class block_cache {
 
   /// Serves allocations on `s` (of device `device`) made by the calling thread, which becomes
   /// the cache's thread until destruction. One per thread at a time.
-  block_cache(cudaStream_t s, int device) : stream_(s), device_(device), prev_(slot()) { slot() = this; }
+  block_cache(cudaStream_t s, int device) : stream_(s), device_(device), prev_(slot()) {
+    slot() = this;
+    std::lock_guard lk(registry_mutex());
+    registry().push_back(this);
+  }
   block_cache(const block_cache&) = delete;
   block_cache& operator=(const block_cache&) = delete;
   /// Gives the unused blocks back to the pool in `s`'s order; blocks still in use go back
   /// there when their tensors free them. Destroy it on its thread, before its stream.
   ~block_cache() {
+    {
+      std::lock_guard lk(registry_mutex());
+      auto& r = registry();
+      r.erase(std::remove(r.begin(), r.end(), this), r.end());
+    }
     flush();
     slot() = prev_;
   }
@@ -67,11 +81,13 @@ class block_cache {
   static constexpr std::size_t rounded(std::size_t bytes) noexcept {
     return bytes == 0 ? granule : (bytes + granule - 1) / granule * granule;
   }
+  /// Whether a request of `bytes` may be served by a cache.
   static constexpr bool cacheable(std::size_t bytes) noexcept { return bytes <= max_block; }
 
   /// A cached block of `size` (a rounded() size), or null. Not while the stream records.
   void* take(std::size_t size) {
     if (recording()) return nullptr;
+    std::lock_guard lk(mu_);
     auto it = free_.find(size);
     if (it == free_.end() || it->second.empty()) {
       ++stats_.misses;
@@ -84,27 +100,42 @@ class block_cache {
     return p;
   }
 
-  /// Records that `p` of `size` bytes was allocated for this cache (outside a recording).
-  void adopt(void* p, std::size_t size) { owned_.emplace(p, size); }
+  /// Records that `p` of `size` bytes was just allocated for this cache (outside a recording).
+  void adopt(void* p, std::size_t size) {
+    std::lock_guard lk(mu_);
+    owned_[p] = size;
+  }
 
-  /// True when this cache allocated `p`, which it then keeps for reuse (or gives back to the
-  /// pool itself); false: the caller frees it.
-  bool give(void* p) {
+  /// True when this cache allocated `p` (a block of `size` bytes, rounded) and keeps it for
+  /// reuse; false: the caller gives it to the pool (and the cache has forgotten it).
+  bool give(void* p, std::size_t size) {
+    const bool rec = recording();
+    std::lock_guard lk(mu_);
     auto it = owned_.find(p);
     if (it == owned_.end()) return false;
-    const std::size_t size = it->second;
-    if (recording() || stats_.cached_bytes + size > max_cached) {
+    if (it->second != size || rec || stats_.cached_bytes + size > max_cached) {
       owned_.erase(it);
-      return false;  // freed by the caller, as a graph node while recording
+      return false;  // freed by the caller (as a graph node while recording)
     }
     free_[size].push_back(p);
     stats_.cached_bytes += size;
     return true;
   }
 
+  /// Called for a block freed outside its cache's stream or thread: whichever cache
+  /// allocated `p` forgets it (the pool owns it again).
+  static void forget_everywhere(void* p) {
+    std::lock_guard lk(registry_mutex());
+    for (block_cache* c : registry()) {
+      std::lock_guard clk(c->mu_);
+      c->owned_.erase(p);
+    }
+  }
+
   /// Gives every unused block back to the pool (ordered after the stream's queued work), so
   /// an allocation that failed can retry with that memory.
   void flush() noexcept {
+    std::lock_guard lk(mu_);
     for (auto& [size, blocks] : free_)
       for (void* p : blocks) {
         (void)cudaFreeAsync(p, stream_);
@@ -126,7 +157,8 @@ class block_cache {
   }
 
   /// Counters and sizes so far.
-  stats statistics() const noexcept {
+  stats statistics() const {
+    std::lock_guard lk(mu_);
     stats s = stats_;
     s.owned_blocks = owned_.size();
     return s;
@@ -137,10 +169,22 @@ class block_cache {
     thread_local block_cache* c = nullptr;
     return c;
   }
+  // Every live cache, for forget_everywhere (frees on other threads are rare; it is not on
+  // the hot path).
+  static std::vector<block_cache*>& registry() {
+    static std::vector<block_cache*> r;
+    return r;
+  }
+  static std::mutex& registry_mutex() {
+    static std::mutex m;
+    return m;
+  }
 
   cudaStream_t stream_;
   int device_;
   block_cache* prev_;
+  // Taken by the cache's thread (uncontended) and by forget_everywhere from other threads.
+  mutable std::mutex mu_;
   std::unordered_map<std::size_t, std::vector<void*>> free_;  // rounded size -> unused blocks
   std::unordered_map<void*, std::size_t> owned_;              // every block it allocated
   stats stats_;

@@ -123,11 +123,15 @@ inline void* allocate(device dev, std::size_t bytes) {
   return p;
 }
 
-inline void deallocate(device dev, void* p, std::size_t) {
+inline void deallocate(device dev, void* p, std::size_t bytes) {
   // Freed in the order of this thread's stream: blocks go back to the pool (or the rank's
   // cache) once the work queued so far (the last users) has run. Errors are dropped:
   // destructors cannot throw, and at exit the context may be gone.
-  if (block_cache* cache = block_cache::active(current_stream(), dev.index); cache && cache->give(p)) return;
+  if (block_cache::cacheable(bytes)) {
+    block_cache* cache = block_cache::active(current_stream(), dev.index);
+    if (cache && cache->give(p, block_cache::rounded(bytes))) return;
+    block_cache::forget_everywhere(p);  // a rank's block freed elsewhere, if it is one
+  }
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) return;
   if (cur != dev.index) (void)cudaSetDevice(dev.index);
