@@ -267,6 +267,23 @@ GPU_TEST_CASE("device_tensor.block_cache_reuses_small_blocks_on_the_rank_stream"
     }
     CHECK(cg::cuda::block_cache_stats().hits == s3.hits);
     CHECK(ctx.rank() == 0);
+
+    // empty_cache gives the cached blocks and the pool's unused memory back to the driver.
+    cudaMemPool_t pool = nullptr;
+    REQUIRE(cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess);
+    auto reserved = [&] {
+      std::uint64_t v = 0;
+      REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v) == cudaSuccess);
+      return v;
+    };
+    { auto big = cg::full<float>({std::int64_t{64} << 20}, 1.f); }  // 256 MiB, back in the pool
+    const std::uint64_t before = reserved();
+    CHECK(before >= (std::uint64_t{256} << 20));
+    CHECK(cg::cuda::block_cache_stats().cached_bytes > 0);
+    cg::cuda::empty_cache();
+    CHECK(cg::cuda::block_cache_stats().cached_bytes == 0);
+    CHECK(reserved() + (std::uint64_t{256} << 20) <= before);
+    CHECK(cg::full<float>({1024}, 2.f).to_vector() == std::vector<float>(1024, 2.f));  // still works
   });
   // Outside a rank there is no cache at all.
   CHECK(cg::cuda::block_cache_stats().owned_blocks == 0);

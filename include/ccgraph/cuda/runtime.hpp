@@ -221,6 +221,25 @@ inline const bool runtime_installed = [] {
 /// watchdog under run_gpus / init_from_env).
 inline void synchronize() { detail::wait_stream(current_stream(), "cuda::synchronize"); }
 
+/// Gives the memory that device tensors freed back to the driver, like
+/// torch.cuda.empty_cache(): the calling rank's cached blocks return to the current device's
+/// pool, the thread's stream is waited for (so that what it freed is no longer in use), and
+/// the pool releases everything unused. Tensors still alive keep their memory. For making room
+/// for another library's allocations; ccgraph itself never needs it.
+inline void empty_cache() {
+  int dev = 0;
+  CCGRAPH_CHECK_CUDA(cudaGetDevice(&dev));
+  if (detail::block_cache* c = detail::block_cache::active(current_stream(), dev)) c->flush();
+  detail::wait_stream(current_stream(), "cuda::empty_cache");
+  // The pool sees stream-ordered frees complete only through a synchronising call (measured:
+  // after a cudaStreamQuery loop it trims nothing); the stream is idle now, so this one
+  // returns at once.
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(current_stream()));
+  cudaMemPool_t pool = nullptr;
+  CCGRAPH_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+  CCGRAPH_CHECK_CUDA(cudaMemPoolTrimTo(pool, 0));
+}
+
 /// Number of CUDA devices visible (0 when there is no GPU or no driver).
 inline int device_count() {
   int n = 0;
