@@ -273,7 +273,7 @@ TEST_CASE("matmul.f32.512_well_under_100ms_on_one_core") {
   // The foundation's performance bar: a 512x512 float matmul well under 100 ms on one core
   // (bench/RESULTS.md: about 12 ms; 7 ms on the 2-core CI machine under load). The bound is half
   // the target: a textbook i-j-k triple loop (about 80 ms there) fails it. Only an optimised,
-  // uninstrumented build can be timed: the sanitizer builds (-O1, no NDEBUG) skip it. Best of 5,
+  // uninstrumented build can be timed: the sanitizer builds (-O0/-O1, no NDEBUG) skip it. Best of 5,
   // so that a loaded machine (other tests run beside this one) does not fail it.
 #if defined(NDEBUG) && defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   auto a = cg::uniform<float>({512, 512}, -1, 1, 11);
