@@ -185,7 +185,8 @@ TEST_CASE("graph.reorder.refuses_dependency_violations") {
         "reorder: node %w would run before its input %ar");
   CHECK(error_of([&] { s.g.reorder({s.a, s.a, s.ar, s.w, s.mm, s.out}); }) == "reorder: node %arg listed twice");
   CHECK(error_of([&] { s.g.reorder({s.a, s.ar}); }) == "reorder: 2 nodes for a graph of 6");
-  CHECK(s.g.nodes() == order);  // unchanged after every refusal
+  CHECK(s.g.nodes() == order);  // unchanged after every refusal, positions included
+  for (std::size_t i = 0; i < order.size(); ++i) CHECK(s.g.position(order[i]) == i);
   // A valid order is taken, and positions follow.
   s.g.reorder({s.b, s.a, s.ar, s.w, s.mm, s.out});
   CHECK(s.g.nodes().front() == s.b);

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -71,10 +70,7 @@ struct hasher {
 /// otherwise: the cache key of compiled graphs.
 inline std::uint64_t structural_hash(const graph& g) {
   detail::hasher h;
-  std::unordered_map<const node*, std::int64_t> pos;
-  std::int64_t i = 0;
   for (const node* n : g.nodes()) {
-    pos[n] = i++;
     h.add(n->op());
     std::visit(
         [&](const auto& o) {
@@ -83,7 +79,7 @@ inline std::uint64_t structural_hash(const graph& g) {
         },
         n->kind());
     for (auto& a : n->args()) {
-      h.add(pos.at(a.src));
+      h.add(static_cast<std::int64_t>(g.position(a.src)));
       h.add(a.index);
     }
     h.add(n->metas());
@@ -101,13 +97,15 @@ inline void lint(const graph& g) {
   auto fail = [&](const std::string& msg) {
     CCGRAPH_THROW(error, "lint: ", msg, "\n", to_string(g));
   };
-  std::unordered_map<const node*, std::size_t> pos;
   std::unordered_set<std::string> names;
   const auto& nodes = g.nodes();
   bool seen_compute = false;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const node* n = nodes[i];
     if (n->owner() != &g) fail("node %" + n->name() + " is not owned by this graph");
+    if (g.position(n) != i)
+      fail("node %" + n->name() + " is at " + std::to_string(i) + " but records position " +
+           std::to_string(g.position(n)));
     if (!names.insert(n->name()).second) fail("duplicate node name %" + n->name());
     const bool is_ph = std::holds_alternative<ops::placeholder>(n->kind());
     const bool is_out = std::holds_alternative<ops::output>(n->kind());
@@ -117,8 +115,7 @@ inline void lint(const graph& g) {
     std::vector<tensor_meta> in;
     for (auto& a : n->args()) {
       if (!a.src || a.src->owner() != &g) fail("node %" + n->name() + " reads a node of another graph");
-      auto it = pos.find(a.src);
-      if (it == pos.end()) fail("node %" + n->name() + " reads %" + a.src->name() + " before it is defined");
+      if (g.position(a.src) >= i) fail("node %" + n->name() + " reads %" + a.src->name() + " before it is defined");
       if (a.index < 0 || a.index >= a.src->num_outputs())
         fail("node %" + n->name() + " reads output " + std::to_string(a.index) + " of %" + a.src->name() +
              ", which has " + std::to_string(a.src->num_outputs()));
@@ -156,7 +153,6 @@ inline void lint(const graph& g) {
                std::to_string(waits) + " wait_tensor nodes (expected exactly one)");
       }
     }
-    pos[n] = i;
   }
   if (!g.output_node()) fail("the graph has no output node");
 }

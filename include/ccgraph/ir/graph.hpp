@@ -100,6 +100,7 @@ class node {
   std::vector<tensor_meta> metas_;
   std::optional<group_info> group_;
   graph* owner_;
+  std::size_t pos_ = 0;  // index in the owner's order, kept by graph::reindex
 };
 
 /// A graph of nodes in topological order, starting with placeholders and ending with one output
@@ -114,7 +115,6 @@ class graph {
       order_.clear();
       names_.clear();
       next_suffix_.clear();
-      index_.clear();
       copy_from(other);
     }
     return *this;
@@ -125,7 +125,6 @@ class graph {
     order_ = std::move(other.order_);
     names_ = std::move(other.names_);
     next_suffix_ = std::move(other.next_suffix_);
-    index_ = std::move(other.index_);
     for (auto& n : nodes_) n->owner_ = this;
     return *this;
   }
@@ -230,26 +229,32 @@ class graph {
   void reorder(const std::vector<node*>& order) {
     CCGRAPH_CHECK(order.size() == order_.size(), "reorder: ", order.size(), " nodes for a graph of ",
                   order_.size());
-    std::unordered_map<const node*, std::size_t> pos;
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      check_owned(order[i], "reorder");
-      CCGRAPH_CHECK(pos.emplace(order[i], i).second, "reorder: node %", order[i]->name(), " listed twice");
+    std::vector<char> listed(order.size(), 0);  // by current position
+    for (node* n : order) {
+      check_owned(n, "reorder");
+      CCGRAPH_CHECK(!listed[n->pos_], "reorder: node %", n->name(), " listed twice");
+      listed[n->pos_] = 1;
     }
+    // A permutation: give every node its new position, check the dependencies with them, and
+    // put the old positions back if one is broken (the graph is left as it was).
+    for (std::size_t i = 0; i < order.size(); ++i) order[i]->pos_ = i;
     for (std::size_t i = 0; i < order.size(); ++i)
       for (auto& a : order[i]->args_)
-        CCGRAPH_CHECK(pos.at(a.src) < i, "reorder: node %", order[i]->name(), " would run before its input %",
-                      a.src->name());
+        if (a.src->pos_ >= i) {
+          reindex(0);
+          CCGRAPH_THROW(::ccgraph::error, "reorder: node %", order[i]->name(),
+                        " would run before its input %", a.src->name());
+        }
     order_ = order;
-    reindex(0);
   }
   /// Checks the graph's invariants (see cg::lint in ccgraph/ir/analysis.hpp, which defines
   /// this member); throws ccgraph::error carrying the printed graph.
   void lint() const;
 
-  /// Position of `n` in the order.
+  /// Position of `n` in the order (constant time: each node keeps its own).
   std::size_t position(const node* n) const {
     check_owned(n, "position");
-    return index_.at(n);
+    return n->pos_;
   }
 
  private:
@@ -291,12 +296,7 @@ class graph {
   }
 
   void reindex(std::size_t from) {
-    for (std::size_t i = from; i < order_.size(); ++i) index_[order_[i]] = i;
-    if (index_.size() > order_.size()) {
-      std::unordered_map<const node*, std::size_t> fresh;
-      for (std::size_t i = 0; i < order_.size(); ++i) fresh[order_[i]] = i;
-      index_ = std::move(fresh);
-    }
+    for (std::size_t i = from; i < order_.size(); ++i) order_[i]->pos_ = i;
   }
 
   void check_owned(const node* n, const char* what) const {
@@ -339,7 +339,6 @@ class graph {
   std::vector<node*> order_;
   std::unordered_set<std::string> names_;
   std::unordered_map<std::string, int> next_suffix_;  // last suffix given out per name hint
-  std::unordered_map<const node*, std::size_t> index_;
 };
 
 }  // namespace ccgraph

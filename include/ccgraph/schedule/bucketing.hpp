@@ -13,7 +13,6 @@
 #include <queue>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -101,9 +100,7 @@ inline node_op coalesced_op_for(const node& first) {
 inline void restore_topological_order(graph& g) {
   const std::vector<node*>& nodes = g.nodes();
   const std::size_t n = nodes.size();
-  std::unordered_map<const node*, std::size_t> pos;
-  pos.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) pos.emplace(nodes[i], i);
+  auto pos = [&](const node* x) { return g.position(x); };
   bool sorted = true;
   std::vector<int> indeg(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
@@ -112,7 +109,7 @@ inline void restore_topological_order(graph& g) {
       if (std::find(seen.begin(), seen.end(), a.src) != seen.end()) continue;
       seen.push_back(a.src);
       ++indeg[i];
-      sorted = sorted && pos.at(a.src) < i;
+      sorted = sorted && pos(a.src) < i;
     }
   }
   if (sorted) return;
@@ -126,7 +123,7 @@ inline void restore_topological_order(graph& g) {
     ready.pop();
     order.push_back(nodes[i]);
     for (node* u : nodes[i]->users())
-      if (--indeg[pos.at(u)] == 0) ready.push(pos.at(u));
+      if (--indeg[pos(u)] == 0) ready.push(pos(u));
   }
   CCGRAPH_CHECK(order.size() == n, "restore_topological_order: the graph has a cycle");
   g.reorder(order);
@@ -148,9 +145,6 @@ inline void restore_topological_order(graph& g) {
 inline void bucket_collectives(graph& g, std::int64_t cap_bytes) {
   const std::vector<node*> nodes = g.nodes();
   const std::size_t n = nodes.size();
-  std::unordered_map<const node*, std::size_t> pos;
-  pos.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) pos.emplace(nodes[i], i);
 
   // One scan: `tainted` marks what depends on the open bucket's members, so a collective that
   // reads a tainted node would merge across a dependency.
@@ -173,7 +167,7 @@ inline void bucket_collectives(graph& g, std::int64_t cap_bytes) {
   for (std::size_t i = 0; i < n; ++i) {
     node* v = nodes[i];
     bool depends = false;
-    for (auto& a : v->args()) depends = depends || tainted[pos.at(a.src)];
+    for (auto& a : v->args()) depends = depends || tainted[g.position(a.src)];  // (g is unchanged until the merge)
     if (!v->is_collective()) {
       if (depends) taint(i);
       continue;
