@@ -612,7 +612,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     static constexpr std::size_t reap_bytes = std::size_t{256} << 20;
     std::size_t bytes = 0;
     for (const auto* side : {&req->inputs, &req->outputs})
-      for (const auto& b : *side) bytes += static_cast<std::size_t>(numel_of(b.meta.shape)) * element_size(b.meta.dtype);
+      for (const auto& b : *side)
+        bytes += static_cast<std::size_t>(numel_of(b.meta.shape)) * element_size(b.meta.dtype);
     if (inflight_.size() >= reap_count || inflight_bytes_ + bytes > reap_bytes) {
       while (!inflight_.empty() && cudaEventQuery(inflight_.front().done.get()) == cudaSuccess) {
         inflight_bytes_ -= inflight_.front().bytes;

@@ -1,5 +1,6 @@
 // ccgraph/cuda/runtime.hpp: the CUDA device runtime behind device tensors: stream-ordered
-// caching allocation (CUDA's memory pools, and the rank's block cache for small blocks), copies, synchronisation with a watchdog, GEMM.
+// caching allocation (CUDA's memory pools, and each rank's cache of small blocks), copies,
+// synchronisation with a watchdog, GEMM.
 // Including this header installs it (see detail::device_runtime in tensor/device_runtime.hpp).
 #pragma once
 

@@ -115,7 +115,8 @@ inline void lint(const graph& g) {
     std::vector<tensor_meta> in;
     for (auto& a : n->args()) {
       if (!a.src || a.src->owner() != &g) fail("node %" + n->name() + " reads a node of another graph");
-      if (g.position(a.src) >= i) fail("node %" + n->name() + " reads %" + a.src->name() + " before it is defined");
+      if (g.position(a.src) >= i)
+        fail("node %" + n->name() + " reads %" + a.src->name() + " before it is defined");
       if (a.index < 0 || a.index >= a.src->num_outputs())
         fail("node %" + n->name() + " reads output " + std::to_string(a.index) + " of %" + a.src->name() +
              ", which has " + std::to_string(a.src->num_outputs()));

@@ -167,7 +167,8 @@ inline void bucket_collectives(graph& g, std::int64_t cap_bytes) {
   for (std::size_t i = 0; i < n; ++i) {
     node* v = nodes[i];
     bool depends = false;
-    for (auto& a : v->args()) depends = depends || tainted[g.position(a.src)];  // (g is unchanged until the merge)
+    // (g itself changes only after the scan, when the buckets merge)
+    for (auto& a : v->args()) depends = depends || tainted[g.position(a.src)];
     if (!v->is_collective()) {
       if (depends) taint(i);
       continue;
