@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +15,14 @@
 #include <cuda_runtime_api.h>
 
 namespace ccgraph::cuda {
+
+/// What a rank's block cache did so far (block_cache_stats(); for tests and benchmarks).
+struct block_cache_counters {
+  std::uint64_t hits = 0;        ///< allocations served from the cache
+  std::uint64_t misses = 0;      ///< cacheable allocations that went to the pool
+  std::size_t cached_bytes = 0;  ///< bytes held unused now
+  std::size_t owned_blocks = 0;  ///< blocks it allocated that are not back in the pool
+};
 
 namespace detail {
 
@@ -42,13 +51,7 @@ class block_cache {
   /// Sizes are rounded up to this, so nearby sizes share blocks.
   static constexpr std::size_t granule = 512;
 
-  /// What the cache did so far (for tests and benchmarks).
-  struct stats {
-    std::uint64_t hits = 0;        ///< allocations served from the cache
-    std::uint64_t misses = 0;      ///< cacheable allocations that went to the pool
-    std::size_t cached_bytes = 0;  ///< bytes held unused now
-    std::size_t owned_blocks = 0;  ///< blocks it allocated that are not back in the pool
-  };
+  using stats = block_cache_counters;
 
   /// Serves allocations on `s` (of device `device`) made by the calling thread, which becomes
   /// the cache's thread until destruction. One per thread at a time.
@@ -56,6 +59,7 @@ class block_cache {
     slot() = this;
     std::lock_guard lk(registry_mutex());
     registry().push_back(this);
+    live().fetch_add(1, std::memory_order_relaxed);
   }
   block_cache(const block_cache&) = delete;
   block_cache& operator=(const block_cache&) = delete;
@@ -66,6 +70,7 @@ class block_cache {
       std::lock_guard lk(registry_mutex());
       auto& r = registry();
       r.erase(std::remove(r.begin(), r.end(), this), r.end());
+      live().fetch_sub(1, std::memory_order_relaxed);
     }
     flush();
     slot() = prev_;
@@ -84,9 +89,9 @@ class block_cache {
   /// Whether a request of `bytes` may be served by a cache.
   static constexpr bool cacheable(std::size_t bytes) noexcept { return bytes <= max_block; }
 
-  /// A cached block of `size` (a rounded() size), or null. Not while the stream records.
+  /// A cached block of `size` (a rounded() size), or null. The caller checks recording()
+  /// first: nothing is handed out while the stream records.
   void* take(std::size_t size) {
-    if (recording()) return nullptr;
     std::lock_guard lk(mu_);
     auto it = free_.find(size);
     if (it == free_.end() || it->second.empty()) {
@@ -125,6 +130,7 @@ class block_cache {
   /// Called for a block freed outside its cache's stream or thread: whichever cache
   /// allocated `p` forgets it (the pool owns it again).
   static void forget_everywhere(void* p) {
+    if (live().load(std::memory_order_relaxed) == 0) return;  // no rank, no cache: no lock
     std::lock_guard lk(registry_mutex());
     for (block_cache* c : registry()) {
       std::lock_guard clk(c->mu_);
@@ -179,6 +185,13 @@ class block_cache {
     static std::mutex m;
     return m;
   }
+  // Number of live caches. A cache is made before, and ends after, any free of its blocks
+  // on its own thread; a free on another thread of a block still owned happens while its
+  // cache lives, so that thread sees it counted.
+  static std::atomic<int>& live() {
+    static std::atomic<int> n{0};
+    return n;
+  }
 
   cudaStream_t stream_;
   int device_;
@@ -194,14 +207,14 @@ class block_cache {
 
 /// The counters of the calling thread's block cache for its current stream and device (all
 /// zero when it has none: outside a rank, or on another stream).
-inline detail::block_cache::stats block_cache_stats() {
+inline block_cache_counters block_cache_stats() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return {};
   }
   const detail::block_cache* c = detail::block_cache::active(current_stream(), dev);
-  return c ? c->statistics() : detail::block_cache::stats{};
+  return c ? c->statistics() : block_cache_counters{};
 }
 
 }  // namespace ccgraph::cuda

@@ -104,6 +104,7 @@ inline void* allocate(device dev, std::size_t bytes) {
   const cudaStream_t s = current_stream();
   // Small blocks on the rank's stream come from its cache (see block_cache for why and when).
   block_cache* cache = block_cache::cacheable(bytes) ? block_cache::active(s, dev.index) : nullptr;
+  if (cache && cache->recording()) cache = nullptr;  // allocations there are graph nodes
   const std::size_t size = cache ? block_cache::rounded(bytes) : bytes;
   if (cache)
     if (void* p = cache->take(size)) return p;
@@ -120,7 +121,7 @@ inline void* allocate(device dev, std::size_t bytes) {
                   " bytes on ", dev, " failed: ", cudaGetErrorName(st), " (",
                   cudaGetErrorString(st), ")");
   }
-  if (cache && !cache->recording()) cache->adopt(p, size);
+  if (cache) cache->adopt(p, size);
   return p;
 }
 

@@ -100,7 +100,6 @@ inline node_op coalesced_op_for(const node& first) {
 inline void restore_topological_order(graph& g) {
   const std::vector<node*>& nodes = g.nodes();
   const std::size_t n = nodes.size();
-  auto pos = [&](const node* x) { return g.position(x); };
   bool sorted = true;
   std::vector<int> indeg(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
@@ -109,7 +108,7 @@ inline void restore_topological_order(graph& g) {
       if (std::find(seen.begin(), seen.end(), a.src) != seen.end()) continue;
       seen.push_back(a.src);
       ++indeg[i];
-      sorted = sorted && pos(a.src) < i;
+      sorted = sorted && g.position(a.src) < i;
     }
   }
   if (sorted) return;
@@ -123,7 +122,7 @@ inline void restore_topological_order(graph& g) {
     ready.pop();
     order.push_back(nodes[i]);
     for (node* u : nodes[i]->users())
-      if (--indeg[pos(u)] == 0) ready.push(pos(u));
+      if (--indeg[g.position(u)] == 0) ready.push(g.position(u));
   }
   CCGRAPH_CHECK(order.size() == n, "restore_topological_order: the graph has a cycle");
   g.reorder(order);
