@@ -330,7 +330,9 @@ class tcp_store_server {
  public:
   /// Listens on `port` (0: a free port the kernel picks) on every IPv4 interface and starts the
   /// serving thread. Throws error naming the call and the port when the port cannot be bound.
-  explicit tcp_store_server(int port) {
+  /// `shutdown_grace` bounds how long the destructor keeps serving connected clients.
+  explicit tcp_store_server(int port, std::chrono::milliseconds shutdown_grace)
+      : grace_(std::max(shutdown_grace, std::chrono::milliseconds(0))) {
     listen_ = unique_fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!listen_)
       CCGRAPH_THROW(error, "tcp_store: socket() for the server on port ", port,
@@ -369,8 +371,11 @@ class tcp_store_server {
   tcp_store_server(const tcp_store_server&) = delete;
   tcp_store_server& operator=(const tcp_store_server&) = delete;
 
-  /// Stops the thread and closes every socket, whether or not clients are still connected
-  /// (they see their connection close): never hangs.
+  /// Stops taking new connections, then serves the connected clients until each has hung up,
+  /// every one left is blocked in a get/wait that no one connected can release, or the grace
+  /// passes; then closes every socket (a client still connected sees its connection close).
+  /// Lingering matters at the end of a job: the server's rank may leave a barrier first, while
+  /// a peer's request for the same barrier is still on its way, and must answer it.
   ~tcp_store_server() {
     const char b = 1;
     // One byte in an empty pipe cannot block; the thread wakes from poll() and returns.
@@ -414,37 +419,61 @@ class tcp_store_server {
 
   void loop() {
     std::vector<pollfd> fds;
+    bool stopping = false;  // the destructor asked: no new clients, serve the connected ones
+    clock::time_point stop_by{};
     for (;;) {
       fds.clear();
-      fds.push_back({wake_rd_.get(), POLLIN, 0});
-      fds.push_back({listen_.get(), POLLIN, 0});
+      // While stopping, the wake-up pipe (still readable) and the closed listener are left out.
+      const std::size_t first_client = stopping ? 0 : 2;
+      if (!stopping) {
+        fds.push_back({wake_rd_.get(), POLLIN, 0});
+        fds.push_back({listen_.get(), POLLIN, 0});
+      }
       for (const auto& c : clients_) {
         short ev = POLLIN;  // also while a client waits: that is how its hang-up is seen
         if (c->out_pos < c->out.size()) ev = static_cast<short>(ev | POLLOUT);
         fds.push_back({c->fd.get(), ev, 0});
       }
-      if (::poll(fds.data(), fds.size(), next_deadline_ms()) < 0) {
+      if (::poll(fds.data(), fds.size(), next_deadline_ms(stopping, stop_by)) < 0) {
         if (errno == EINTR) continue;
         CCGRAPH_THROW(error, "tcp_store: poll() failed: ", errno_message(errno));
       }
-      if (fds[0].revents != 0) return;             // the destructor asks us to stop
+      const bool accept = !stopping && (fds[1].revents & POLLIN);
+      if (!stopping && fds[0].revents != 0) {
+        // Requests that came with the stop are still read and answered below.
+        stopping = true;
+        stop_by = clock::now() + grace_;
+        listen_.reset();  // refuses new connections from here on
+      }
       const std::size_t polled = clients_.size();  // accept_all() appends after these
       for (std::size_t i = 0; i < polled; ++i) {
-        const short re = fds[i + 2].revents;
+        const short re = fds[i + first_client].revents;
         client& c = *clients_[i];
         if (re & (POLLIN | POLLHUP | POLLERR)) read_from(c);
         if ((re & POLLOUT) && !c.closed) flush(c);
       }
-      if (fds[1].revents & POLLIN) accept_all();
+      if (accept && listen_) accept_all();
       serve_requests();
       expire_waits();
       std::erase_if(clients_, [](const std::unique_ptr<client>& c) { return c->closed; });
+      if (stopping && (clock::now() >= stop_by || none_can_progress())) return;
     }
   }
 
-  /// poll()'s timeout: until the earliest blocked get/wait times out, or forever (-1).
-  int next_deadline_ms() const {
+  /// Whether no connected client can make progress: none is left, or each is blocked in a
+  /// get/wait (new connections are refused, so no one could set their keys) with its reply
+  /// sent.
+  bool none_can_progress() const {
+    return std::all_of(clients_.begin(), clients_.end(), [](const std::unique_ptr<client>& c) {
+      return c->waiting && c->out_pos >= c->out.size();
+    });
+  }
+
+  /// poll()'s timeout: until the earliest blocked get/wait times out (or, while stopping, the
+  /// grace ends), or forever (-1).
+  int next_deadline_ms(bool stopping, clock::time_point stop_by) const {
     std::optional<clock::time_point> first;
+    if (stopping) first = stop_by;
     for (const auto& c : clients_)
       if (c->waiting && !c->closed && (!first || c->deadline < *first)) first = c->deadline;
     return first ? poll_ms_until(*first) : -1;
@@ -672,6 +701,7 @@ class tcp_store_server {
     }
   }
 
+  std::chrono::milliseconds grace_;
   unique_fd listen_;
   unique_fd wake_rd_;
   unique_fd wake_wr_;
@@ -693,15 +723,18 @@ class tcp_store_server {
 /// Each call takes a connection from a small pool (opening one when none is free), so threads
 /// sharing one tcp_store never queue behind a blocked get. The server stops when its tcp_store
 /// is destroyed; do that last (end the job with a barrier), since the other ranks' calls fail
-/// once it is gone.
+/// once it is gone. It lingers for the ranks still connected (see ~tcp_store), so a rank that
+/// leaves the final barrier first does not cut off a peer's request for it.
 class tcp_store final : public store {
  public:
   /// Connects to (and, when `is_server`, first starts) the store at `host`:`port`. Port 0 on
   /// the server picks a free port (see port()). `world_size` is the number of ranks that will
   /// use the store. Throws timeout_error naming host:port when no server answers in `timeout`,
-  /// and error naming the port when the server cannot bind it.
+  /// and error naming the port when the server cannot bind it. On the server, `shutdown_grace`
+  /// bounds how long its destruction keeps serving ranks still connected (see ~tcp_store).
   tcp_store(std::string host, int port, bool is_server, int world_size,
-            std::chrono::milliseconds timeout = std::chrono::seconds(300))
+            std::chrono::milliseconds timeout = std::chrono::seconds(300),
+            std::chrono::milliseconds shutdown_grace = std::chrono::seconds(10))
       : store(timeout),
         host_(std::move(host)),
         port_(port),
@@ -713,7 +746,9 @@ class tcp_store final : public store {
       CCGRAPH_CHECK(port >= 0 && port <= 65535,
                     "tcp_store: the server's port must be in [0, 65535] (0: pick a free one), got ",
                     port);
-      server_ = std::make_unique<detail::tcp_store_server>(port);
+      CCGRAPH_CHECK(shutdown_grace.count() >= 0,
+                    "tcp_store: shutdown_grace must be >= 0 ms, got ", shutdown_grace.count());
+      server_ = std::make_unique<detail::tcp_store_server>(port, shutdown_grace);
       port_ = server_->port();
     } else {
       CCGRAPH_CHECK(port >= 1 && port <= 65535,
@@ -724,7 +759,9 @@ class tcp_store final : public store {
     idle_.push_back(connect("tcp_store", clock::now() + this->timeout()));
   }
 
-  /// Closes this rank's connections, then (on the server) stops the server.
+  /// Closes this rank's connections, then (on the server) stops the server: it takes no new
+  /// connections but answers the ranks still connected until they hang up, until each is
+  /// blocked in a get/wait no one can release, or for at most `shutdown_grace`.
   ~tcp_store() override = default;
 
   /// The host clients connect to, as given.
