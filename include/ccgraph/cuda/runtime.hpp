@@ -144,6 +144,12 @@ inline void deallocate(device dev, void* p, std::size_t bytes) {
 inline void copy(void* dst, device dst_dev, const void* src, device src_dev, std::size_t bytes) {
   const device on = dst_dev.is_cuda() ? dst_dev : src_dev;
   device_scope scope(on.index);
+  // A copy to or from pageable host memory can block the host inside the driver until the
+  // stream reaches it (to host, always): behind a collective whose peer never comes, a wait
+  // no watchdog can end. So on a rank (a watchdog is installed) the stream is drained first,
+  // polling under the watchdog, and the copy then finds it idle.
+  const bool host_side = dst_dev.is_cpu() || src_dev.is_cpu();
+  if (host_side && current_watchdog()) wait_stream(current_stream(), "copy to or from host");
   CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream()));
   if (dst_dev.is_cpu()) wait_stream(current_stream(), "copy to host");
 }
