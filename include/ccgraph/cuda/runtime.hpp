@@ -147,9 +147,11 @@ inline void copy(void* dst, device dst_dev, const void* src, device src_dev, std
   // A copy to or from pageable host memory can block the host inside the driver until the
   // stream reaches it (to host, always): behind a collective whose peer never comes, a wait
   // no watchdog can end. So on a rank (a watchdog is installed) the stream is drained first,
-  // polling under the watchdog, and the copy then finds it idle.
+  // polling under the watchdog, and the copy then finds it idle. (Not while recording a CUDA
+  // Graph: a query would end the recording, and nothing runs then anyway.)
   const bool host_side = dst_dev.is_cpu() || src_dev.is_cpu();
-  if (host_side && current_watchdog()) wait_stream(current_stream(), "copy to or from host");
+  if (host_side && current_watchdog() && !::ccgraph::cuda::is_capturing(current_stream()))
+    wait_stream(current_stream(), "copy to or from host");
   CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream()));
   if (dst_dev.is_cpu()) wait_stream(current_stream(), "copy to host");
 }
