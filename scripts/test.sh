@@ -20,7 +20,10 @@ trap 'rm -f "$CCGRAPH_SUMMARY_FILE"' EXIT
 start=$SECONDS
 status=0
 
-if ccgraph_configure build -DCMAKE_BUILD_TYPE=Release && ccgraph_build build; then
+# -O2 rather than Release's -O3: the same optimised code paths for the tests, for ~15% less
+# compile time (measured on the 2-core CI machine; the build is most of a CI run).
+if ccgraph_configure build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
+     -DCMAKE_CUDA_FLAGS_RELEASE="-O2 -DNDEBUG" && ccgraph_build build; then
   ccgraph_ctest release build || status=1
 else
   record_result release 1 1 build-failed

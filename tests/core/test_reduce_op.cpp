@@ -8,7 +8,10 @@
 
 #include <ccgraph/core/reduce_op.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 struct op_name {
@@ -17,7 +20,7 @@ struct op_name {
   const char* upper;
   const char* mixed;
 };
-constexpr op_name all_ops[] = {
+constexpr op_name named_ops[] = {
     {cg::reduce_op::sum, "sum", "SUM", "Sum"},
     {cg::reduce_op::avg, "avg", "AVG", "aVg"},
     {cg::reduce_op::product, "product", "PRODUCT", "Product"},
@@ -27,17 +30,6 @@ constexpr op_name all_ops[] = {
     {cg::reduce_op::bor, "bor", "BOR", "BoR"},
     {cg::reduce_op::bxor, "bxor", "BXOR", "bXor"},
 };
-
-/// The ccgraph::error message of `f()`, or "" if it did not throw.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A function taking the argument type the collectives take.
 cg::reduce_op accept(cg::reduce_op_arg op) { return op; }
@@ -52,7 +44,7 @@ TEST_CASE("reduce_op.to_string") {
   static_assert(cg::to_string(cg::reduce_op::band) == "band");
   static_assert(cg::to_string(cg::reduce_op::bor) == "bor");
   static_assert(cg::to_string(cg::reduce_op::bxor) == "bxor");
-  for (const auto& n : all_ops) {
+  for (const auto& n : named_ops) {
     CHECK(cg::to_string(n.op) == n.lower);
     std::ostringstream os;
     os << n.op;
@@ -61,7 +53,7 @@ TEST_CASE("reduce_op.to_string") {
 }
 
 TEST_CASE("reduce_op.parse_case_insensitive") {
-  for (const auto& n : all_ops) {
+  for (const auto& n : named_ops) {
     CAPTURE(n.lower);
     CHECK(cg::parse_reduce_op(n.lower) == n.op);
     CHECK(cg::parse_reduce_op(n.upper) == n.op);
@@ -78,7 +70,7 @@ TEST_CASE("reduce_op.parse_unknown_lists_valid_ops") {
     const std::string msg = error_of([&] { (void)cg::parse_reduce_op(bad); });
     REQUIRE_FALSE(msg.empty());
     CHECK(msg.find("'" + std::string(bad) + "'") != std::string::npos);  // names the input
-    for (const auto& n : all_ops) CHECK(msg.find(n.lower) != std::string::npos);
+    for (const auto& n : named_ops) CHECK(msg.find(n.lower) != std::string::npos);
   }
   CHECK(error_of([] { (void)cg::parse_reduce_op("mean"); }) ==
         "reduce_op: unknown reduce op 'mean'; valid ops are sum, avg, product, min, max, band, bor, bxor");
@@ -100,7 +92,7 @@ TEST_CASE("reduce_op.is_bitwise") {
   static_assert(!cg::is_bitwise(cg::reduce_op::min));
   static_assert(!cg::is_bitwise(cg::reduce_op::max));
   int bitwise = 0;
-  for (const auto& n : all_ops) bitwise += cg::is_bitwise(n.op);
+  for (const auto& n : named_ops) bitwise += cg::is_bitwise(n.op);
   CHECK(bitwise == 3);
 }
 
@@ -121,7 +113,7 @@ TEST_CASE("reduce_op.arg_conversions") {
   CHECK(accept(s) == cg::reduce_op::product);
   CHECK(accept(std::string("MIN")) == cg::reduce_op::min);  // rvalue string
   CHECK(accept(std::string_view("max")) == cg::reduce_op::max);
-  for (const auto& n : all_ops) {
+  for (const auto& n : named_ops) {
     CHECK(accept(n.mixed) == n.op);
     CHECK(cg::reduce_op_arg(n.op).value == n.op);
   }

@@ -10,19 +10,12 @@
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "";
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 }  // namespace
 
 TEST_CASE("shape.numel_of") {

@@ -35,7 +35,10 @@
 #include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
@@ -53,18 +56,6 @@ constexpr cg::reduce_op all_ops[] = {cg::reduce_op::sum, cg::reduce_op::avg, cg:
                                      cg::reduce_op::min, cg::reduce_op::max, cg::reduce_op::band,
                                      cg::reduce_op::bor, cg::reduce_op::bxor};
 constexpr int worlds[] = {1, 2, 3, 4, 8};
-
-/// A generous timeout: a bug shows up as an error in seconds, not a hung test binary.
-cg::threads_options opts() {
-  cg::threads_options o;
-  o.timeout = std::chrono::seconds(30);
-  return o;
-}
-
-template <class F>
-void run(int n, F&& fn) {
-  cg::run_threads(n, std::forward<F>(fn), opts());
-}
 
 /// Calls `f(T{})` for every element type, chosen at run time.
 template <class F>
@@ -91,12 +82,6 @@ vecs<T> inputs_of(const std::vector<int>& ranks, const shape_t& shape, std::uint
   vecs<T> all;
   for (int r : ranks) all.push_back(make_input<T>(shape, seed, r).to_vector());
   return all;
-}
-
-std::vector<int> iota_ranks(int n) {
-  std::vector<int> r(static_cast<std::size_t>(n));
-  std::iota(r.begin(), r.end(), 0);
-  return r;
 }
 
 // ---- the sequential reference ----

@@ -19,26 +19,14 @@
 #include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 using i64 = std::int64_t;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-template <class T>
-double to_d(T v) {
-  return static_cast<double>(static_cast<cg::compute_t<T>>(v));
-}
 
 /// Naive 2-d reference in double: values and the sum of |terms| (the scale of rounding errors).
 struct reference {

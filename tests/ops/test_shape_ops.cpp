@@ -10,21 +10,14 @@
 #include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 using i64 = std::int64_t;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -25,7 +25,10 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/runtime/store.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
@@ -37,12 +40,6 @@ constexpr milliseconds long_timeout{30000};
 
 std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<std::uint8_t>& v) { return {v.begin(), v.end()}; }
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 /// The message of the exception `f` throws as `E`, or "" when it throws nothing (then CHECKs
 /// on the message fail and show it).

@@ -25,23 +25,15 @@
 #include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-cg::threads_options with_timeout(milliseconds t) {
-  cg::threads_options o;
-  o.timeout = t;
-  return o;
-}
-
-/// A generous timeout for tests that must not time out: a bug fails in seconds, never hangs.
-cg::threads_options opts() { return with_timeout(std::chrono::seconds(30)); }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// Spins (politely) until `pred` holds or `limit` passes; returns `pred()`.
 template <class P>
@@ -49,10 +41,6 @@ bool eventually(P pred, milliseconds limit = milliseconds(5000)) {
   const auto deadline = clock_type::now() + limit;
   while (!pred() && clock_type::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
   return pred();
-}
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
 /// What one rank saw: the kind of error it got and its message.
@@ -65,7 +53,7 @@ struct outcome {
 /// outcomes and the exception run_threads rethrew (checked by the caller).
 template <class F>
 std::vector<outcome> run_recording(int n, F body, std::exception_ptr& thrown,
-                                   cg::threads_options o = opts()) {
+                                   cg::threads_options o = threads_opts()) {
   std::vector<outcome> out(static_cast<std::size_t>(n));
   try {
     cg::run_threads(
@@ -129,7 +117,7 @@ TEST_CASE("run_threads.basics.world_sizes_1_to_16") {
           // The context is this thread's: collectives find it without being handed it.
           if (&cg::detail::current_rank("test") != &ctx) ++bad;
         },
-        opts());
+        threads_opts());
     CAPTURE(n);
     CHECK(bad == 0);
     for (auto& s : seen) CHECK(s == 1);  // each rank ran exactly once
@@ -166,7 +154,7 @@ TEST_CASE("run_threads.results_bitwise_identical_on_every_rank") {
         bf[r] = cg::all_reduce(cg::uniform<cg::bf16>({len}, -1, 1, seed), "avg", ctx.world()).to_vector();
         f64[r] = cg::all_reduce(cg::uniform<double>({len}, -1, 1, seed), "sum", ctx.world()).to_vector();
       },
-      opts());
+      threads_opts());
   for (std::size_t r = 1; r < n; ++r) {
     CAPTURE(r);
     CHECK(std::memcmp(f32[r].data(), f32[0].data(), len * sizeof(float)) == 0);
@@ -207,7 +195,7 @@ TEST_CASE("async.compute_overlaps_a_pending_collective") {
         CHECK(r.to_vector() == std::vector<float>(64, 3.f));
         CHECK_FALSE(r.is_pending());
       },
-      opts());
+      threads_opts());
 }
 
 TEST_CASE("async.progress_without_waiting") {
@@ -225,7 +213,7 @@ TEST_CASE("async.progress_without_waiting") {
         CHECK(busy > 0);
         CHECK(r.to_vector() == std::vector<std::int64_t>(8, 6));
       },
-      opts());
+      threads_opts());
 }
 
 TEST_CASE("async.chained_collectives_on_pending_inputs") {
@@ -248,7 +236,7 @@ TEST_CASE("async.chained_collectives_on_pending_inputs") {
         CHECK(a.to_vector() == std::vector<std::int32_t>(6, 10));
         CHECK(x.to_vector() == std::vector<std::int32_t>(6, me + 1));
       },
-      opts());
+      threads_opts());
 }
 
 TEST_CASE("async.many_back_to_back_collectives") {
@@ -264,7 +252,7 @@ TEST_CASE("async.many_back_to_back_collectives") {
           if (results[static_cast<std::size_t>(i)].item() != 4 * i + 6) ++wrong;
         CHECK(wrong == 0);
       },
-      opts());
+      threads_opts());
 }
 
 TEST_CASE("async.unwaited_results_are_completed_before_run_threads_returns") {
@@ -275,7 +263,7 @@ TEST_CASE("async.unwaited_results_are_completed_before_run_threads_returns") {
         kept[static_cast<std::size_t>(ctx.rank())] =
             cg::all_reduce(cg::full<float>({4}, 1.f), "sum", ctx.world());  // never waited here
       },
-      opts());
+      threads_opts());
   for (auto& t : kept) {
     CHECK_FALSE(t.is_pending());
     CHECK(t.to_vector() == std::vector<float>(4, 3.f));
@@ -313,7 +301,7 @@ TEST_CASE("stress.world16_mixed_collectives") {
         }
         CHECK(wrong == 0);
       },
-      opts());
+      threads_opts());
 }
 
 TEST_CASE("collectives.every_world_size_1_to_16") {
@@ -368,7 +356,7 @@ TEST_CASE("collectives.every_world_size_1_to_16") {
           }
           ++ranks_done;
         },
-        opts());
+        threads_opts());
     CHECK(ranks_done == n);
     CHECK(wrong == 0);
   }
@@ -403,7 +391,7 @@ TEST_CASE("abort.exception_on_one_rank_fails_every_other_rank") {
     }
   };
   const auto t0 = clock_type::now();
-  CHECK_THROWS_WITH_AS(cg::run_threads(4, body, opts()), "boom on rank 2", std::logic_error);
+  CHECK_THROWS_WITH_AS(cg::run_threads(4, body, threads_opts()), "boom on rank 2", std::logic_error);
   CHECK(seconds_since(t0) < 10.0);
   for (std::size_t r : {0u, 1u, 3u}) {
     CAPTURE(r);
@@ -428,7 +416,7 @@ TEST_CASE("abort.rethrows_the_original_exception_of_the_first_failing_rank") {
                       [](cg::rank_context& ctx) {
                         if (ctx.rank() == 1) throw custom_failure{};
                       },
-                      opts()),
+                      threads_opts()),
                   custom_failure);
   // So do exceptions that are not std::exceptions; peers read "unknown exception".
   std::string peer_msg;
@@ -442,7 +430,7 @@ TEST_CASE("abort.rethrows_the_original_exception_of_the_first_failing_rank") {
                           peer_msg = e.what();
                         }
                       },
-                      opts()),
+                      threads_opts()),
                   int);
   CHECK_MESSAGE(contains(peer_msg, "aborted because rank 1 failed: unknown exception"), peer_msg);
   // When several ranks fail, the first failure wins: rank 3 fails only after seeing rank 1's.
@@ -455,7 +443,7 @@ TEST_CASE("abort.rethrows_the_original_exception_of_the_first_failing_rank") {
       throw;
     }
   };
-  CHECK_THROWS_WITH_AS(cg::run_threads(4, body, opts()), "first failure on rank 1", std::runtime_error);
+  CHECK_THROWS_WITH_AS(cg::run_threads(4, body, threads_opts()), "first failure on rank 1", std::runtime_error);
 }
 
 namespace {
@@ -558,7 +546,7 @@ TEST_CASE("mismatch.all_to_all_rows_may_differ_but_not_trailing_dims") {
         CHECK(r.to_vector() == (ctx.rank() == 0 ? std::vector<float>{1, 1, 1, 1}
                                                 : std::vector<float>{0, 0, 1, 1}));
       },
-      opts());
+      threads_opts());
   expect_mismatch(
       2,
       [](cg::rank_context& ctx) {
@@ -595,7 +583,7 @@ TEST_CASE("timeout.names_the_op_and_the_missing_ranks") {
       }
       rank0_done = true;
     };
-    CHECK_THROWS_AS(cg::run_threads(n, body, with_timeout(milliseconds(100))), cg::timeout_error);
+    CHECK_THROWS_AS(cg::run_threads(n, body, threads_opts(milliseconds(100))), cg::timeout_error);
     CHECK(seconds_since(t0) < 4.0);
     CHECK(rank0_timed_out);
     const std::string group = n == 2 ? "[0, 1]" : "[0, 1, 2]";
@@ -652,5 +640,5 @@ TEST_CASE("exit.returning_after_issuing_is_fine") {
           CHECK(r.item() == 2.f);
         }
       },
-      opts());
+      threads_opts());
 }

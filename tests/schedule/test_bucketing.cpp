@@ -17,17 +17,13 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/bucketing.hpp>
 
+#include "support.hpp"
+#include "schedule/same_results.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
-
-std::vector<int> iota_ranks(int n) {
-  std::vector<int> r(static_cast<std::size_t>(n));
-  std::iota(r.begin(), r.end(), 0);
-  return r;
-}
-
-cg::trace_options world_of(int n) { return cg::trace_options{.rank = 0, .world_size = n}; }
 
 /// The collectives of `g` in order, coalesced ones flattened into one signature per tensor.
 std::vector<std::string> flat_collectives(const cg::graph& g) {
@@ -85,54 +81,6 @@ void check_structure(const cg::graph& before, const cg::graph& after) {
   check_dependencies_kept(before, after);
 }
 
-cg::any_tensor random_input(const cg::tensor_meta& m, std::uint64_t seed) {
-  return cg::visit_dtype(m.dtype, [&](auto tag) -> cg::any_tensor {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      return cg::uniform<T>(m.shape, -1.0, 1.0, seed);
-    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      std::vector<T> v(static_cast<std::size_t>(cg::numel_of(m.shape)));
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>((seed + 7 * i) % 13);
-      return cg::tensor<T>::from(v, m.shape);
-    } else {
-      CCGRAPH_THROW(cg::error, "random_input: no random ", m.str(), " in this test");
-    }
-  });
-}
-
-std::vector<unsigned char> bytes_of(const cg::any_tensor& t) {
-  return std::visit(
-      [](const auto& x) {
-        const auto v = x.to_vector();
-        std::vector<unsigned char> b;
-        if constexpr (std::is_same_v<typename std::decay_t<decltype(x)>::value_type, bool>) {
-          b.assign(v.begin(), v.end());
-        } else {
-          b.resize(v.size() * sizeof(v[0]));
-          if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
-        }
-        return b;
-      },
-      t);
-}
-
-/// Runs `a` and `b` on the same random inputs on each of `world` ranks; true when every output
-/// of every rank is bitwise equal.
-bool same_results(const cg::graph& a, const cg::graph& b, int world) {
-  std::vector<int> ok(static_cast<std::size_t>(world), 0);
-  cg::run_threads(world, [&](cg::rank_context& ctx) {
-    std::vector<cg::any_tensor> in;
-    std::uint64_t k = 0;
-    for (const cg::node* p : a.placeholders()) in.push_back(random_input(p->meta(), 1000u * (ctx.rank() + 1) + k++));
-    const auto ra = cg::compile(a, ctx).run(in);
-    const auto rb = cg::compile(b, ctx).run(in);
-    bool good = ra.size() == rb.size();
-    for (std::size_t i = 0; good && i < ra.size(); ++i) good = cg::meta_of(ra[i]) == cg::meta_of(rb[i]) && bytes_of(ra[i]) == bytes_of(rb[i]);
-    ok[static_cast<std::size_t>(ctx.rank())] = good;
-  });
-  return std::count(ok.begin(), ok.end(), 1) == world;
-}
-
 /// Three independent all_reduces and an all_gather, the gradient-bucketing shape.
 template <class G>
 auto three_all_reduces(const G& grp) {
@@ -149,7 +97,7 @@ auto three_all_reduces(const G& grp) {
 
 TEST_CASE("bucketing.all_reduce.adjacent_merge") {
   for (int world : {2, 4}) {
-    const auto g = cg::trace(world_of(world), three_all_reduces(cg::group{iota_ranks(world)}),
+    const auto g = cg::trace(ccgraph_test::world(world), three_all_reduces(cg::group{iota_ranks(world)}),
                              cg::input<float>({4, 4}), cg::input<float>({8}), cg::input<float>({2, 3}));
     auto b = g;
     cg::bucket_collectives(b, 1 << 20);
@@ -168,7 +116,7 @@ TEST_CASE("bucketing.all_reduce.adjacent_merge") {
 }
 
 TEST_CASE("bucketing.cap.respected") {
-  const auto g = cg::trace(world_of(2), three_all_reduces(cg::group{std::vector<int>{0, 1}}),
+  const auto g = cg::trace(ccgraph_test::world(2), three_all_reduces(cg::group{std::vector<int>{0, 1}}),
                            cg::input<float>({4, 4}), cg::input<float>({8}), cg::input<float>({2, 3}));
   // 64 + 32 bytes fit under 100, the third (24 bytes) does not.
   auto b = g;
@@ -193,7 +141,7 @@ TEST_CASE("bucketing.cap.respected") {
 
 TEST_CASE("bucketing.never.across_dependency") {
   const cg::group grp{std::vector<int>{0, 1}};
-  const auto g = cg::trace(world_of(2), [&](auto a, auto b) {
+  const auto g = cg::trace(ccgraph_test::world(2), [&](auto a, auto b) {
     auto ra = cg::all_reduce(a, "sum", grp);
     auto x = cg::matmul(ra, b);               // reads ra's wait
     auto rx = cg::all_reduce(x, "sum", grp);  // depends on ra: must not merge with it
@@ -215,7 +163,7 @@ TEST_CASE("bucketing.reader.moves_after_merged") {
   // The first max all_reduce's wait comes before the second max all_reduce; merging puts the
   // coalesced node at the second one's place, so the wait moves after it.
   const cg::group grp{std::vector<int>{0, 1}};
-  const auto g = cg::trace(world_of(2), [&](auto a, auto b) {
+  const auto g = cg::trace(ccgraph_test::world(2), [&](auto a, auto b) {
     auto ra = cg::all_reduce(a, "sum", grp);
     auto y = cg::matmul(ra, a);
     auto bb = cg::matmul(b, b);
@@ -255,7 +203,7 @@ TEST_CASE("bucketing.never.across_group_op_dtype_kind") {
 
 TEST_CASE("bucketing.all_gather.reduce_scatter.and_coalesced") {
   for (int world : {2, 4}) {
-    const auto g = cg::trace(world_of(world), [world](auto a, auto b, auto c) {
+    const auto g = cg::trace(ccgraph_test::world(world), [world](auto a, auto b, auto c) {
       const cg::group all{iota_ranks(world)};
       auto g1 = cg::all_gather_tensor(a, 0, all);
       auto g2 = cg::all_gather_into_tensor_coalesced(std::vector<decltype(a)>{b, c}, all);
@@ -284,7 +232,7 @@ TEST_CASE("bucketing.gradients.mixed_program") {
   // Layer-by-layer gradients: each all_reduce independent of the others, a chain of compute in
   // between, plus one all_reduce that reads an earlier result (a bucket boundary).
   const cg::group grp{std::vector<int>{0, 1, 2, 3}};
-  const auto g = cg::trace(world_of(4), [&](auto x, auto w1, auto w2, auto w3) {
+  const auto g = cg::trace(ccgraph_test::world(4), [&](auto x, auto w1, auto w2, auto w3) {
     auto h1 = cg::matmul(x, w1);
     auto g1 = cg::all_reduce(h1, "avg", grp);
     auto h2 = cg::matmul(cg::relu(h1), w2);

@@ -14,22 +14,15 @@
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 using i64 = std::int64_t;
 constexpr i64 KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 /// f32 tensor of `bytes` as one dimension.
 cg::tensor_meta f32_bytes(i64 bytes) { return {cg::dtype::f32, {bytes / 4}}; }

@@ -16,19 +16,15 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/decompose.hpp>
 
+#include "support.hpp"
+#include "schedule/same_results.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 constexpr std::int64_t T = 64, H = 32;
-
-std::vector<int> iota_ranks(int n) {
-  std::vector<int> r(static_cast<std::size_t>(n));
-  std::iota(r.begin(), r.end(), 0);
-  return r;
-}
-
-cg::trace_options world_of(int n) { return cg::trace_options{.rank = 0, .world_size = n}; }
 
 /// The TP MLP of PERF.md, one rank's share: written once, traced and run eagerly.
 auto tp_mlp(const cg::group& grp) {
@@ -40,7 +36,7 @@ auto tp_mlp(const cg::group& grp) {
 }
 
 auto trace_tp_mlp(int world, std::int64_t t = T) {
-  return cg::trace(world_of(world), tp_mlp(cg::group{iota_ranks(world)}), cg::input<float>({t, H}),
+  return cg::trace(ccgraph_test::world(world), tp_mlp(cg::group{iota_ranks(world)}), cg::input<float>({t, H}),
                    cg::input<float>({H, 2 * H}), cg::input<float>({2 * H, H}));
 }
 
@@ -51,57 +47,6 @@ std::vector<std::string> collective_ops(const cg::graph& g) {
     if (n->is_collective()) out.emplace_back(n->op());
   return out;
 }
-
-cg::any_tensor random_input(const cg::tensor_meta& m, std::uint64_t seed) {
-  return cg::visit_dtype(m.dtype, [&](auto tag) -> cg::any_tensor {
-    using T_ = decltype(tag);
-    if constexpr (std::is_same_v<T_, float> || std::is_same_v<T_, double>) {
-      return cg::uniform<T_>(m.shape, -1.0, 1.0, seed);
-    } else {
-      CCGRAPH_THROW(cg::error, "random_input: no random ", m.str(), " in this test");
-    }
-  });
-}
-
-std::vector<unsigned char> bytes_of(const cg::any_tensor& t) {
-  return std::visit(
-      [](const auto& x) {
-        const auto v = x.to_vector();
-        std::vector<unsigned char> b;
-        if constexpr (std::is_same_v<typename std::decay_t<decltype(x)>::value_type, bool>) {
-          b.assign(v.begin(), v.end());
-        } else {
-          b.resize(v.size() * sizeof(v[0]));
-          if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
-        }
-        return b;
-      },
-      t);
-}
-
-/// Runs `base` and every graph of `others` on the same random inputs on each of `world` ranks;
-/// true when every output of every rank is bitwise equal to base's.
-bool same_results(const cg::graph& base, const std::vector<const cg::graph*>& others, int world) {
-  std::vector<int> ok(static_cast<std::size_t>(world), 0);
-  cg::run_threads(world, [&](cg::rank_context& ctx) {
-    std::vector<cg::any_tensor> in;
-    std::uint64_t k = 0;
-    for (const cg::node* p : base.placeholders())
-      in.push_back(random_input(p->meta(), 1000u * (ctx.rank() + 1) + k++));
-    const auto expect = cg::compile(base, ctx).run(in);
-    bool good = true;
-    for (const cg::graph* o : others) {
-      const auto got = cg::compile(*o, ctx).run(in);
-      good = good && got.size() == expect.size();
-      for (std::size_t i = 0; good && i < got.size(); ++i)
-        good = cg::meta_of(got[i]) == cg::meta_of(expect[i]) && bytes_of(got[i]) == bytes_of(expect[i]);
-    }
-    ok[static_cast<std::size_t>(ctx.rank())] = good;
-  });
-  return std::count(ok.begin(), ok.end(), 1) == world;
-}
-
-bool same_results(const cg::graph& a, const cg::graph& b, int world) { return same_results(a, {&b}, world); }
 
 /// Decomposed copy of `g`, linted.
 template <class G>
@@ -174,7 +119,7 @@ TEST_CASE("decompose.tp_mlp.results_match_undecomposed_and_eager") {
 
 TEST_CASE("decompose.row_broadcast_inputs.stay_whole") {
   const cg::group grp{std::vector<int>{0, 1}};
-  const auto g = cg::trace(world_of(2), [&](auto x, auto w, auto bias, auto scale) {
+  const auto g = cg::trace(ccgraph_test::world(2), [&](auto x, auto w, auto bias, auto scale) {
     auto y = (cg::matmul(x, w) + bias) * scale;  // bias [N], scale [1, N]: broadcast along rows
     return cg::wait_tensor(cg::all_reduce(y, "sum", grp));
   }, cg::input<float>({10, 8}), cg::input<float>({8, 6}), cg::input<float>({6}), cg::input<float>({1, 6}));
@@ -194,7 +139,7 @@ TEST_CASE("decompose.row_broadcast_inputs.stay_whole") {
 TEST_CASE("decompose.region.dag_and_shared_values") {
   const cg::group grp{std::vector<int>{0, 1}};
   // h is read by two nodes of the region: it is recomputed once per chunk.
-  const auto dag = cg::trace(world_of(2), [&](auto x, auto w1, auto w2) {
+  const auto dag = cg::trace(ccgraph_test::world(2), [&](auto x, auto w1, auto w2) {
     auto h = cg::matmul(x, w1);
     auto a = cg::eval(cg::gelu(h));
     auto y = cg::matmul(a * h, w2);
@@ -206,7 +151,7 @@ TEST_CASE("decompose.region.dag_and_shared_values") {
   CHECK(d1.count("narrow") == 3);
   CHECK(same_results(dag, d1, 2));
   // h is also returned: it is computed whole, and its rows are narrowed per chunk.
-  const auto shared = cg::trace(world_of(2), [&](auto x, auto w1, auto w2) {
+  const auto shared = cg::trace(ccgraph_test::world(2), [&](auto x, auto w1, auto w2) {
     auto h = cg::matmul(x, w1);
     auto y = cg::matmul(cg::relu(h), w2);
     return std::make_tuple(cg::wait_tensor(cg::all_reduce(y, "sum", grp)), h);
@@ -221,7 +166,7 @@ TEST_CASE("decompose.region.dag_and_shared_values") {
 
 TEST_CASE("decompose.reduce_scatter.rows_of_every_block") {
   for (int world : {2, 4}) {
-    const auto g = cg::trace(world_of(world), [world](auto x, auto w) {
+    const auto g = cg::trace(ccgraph_test::world(world), [world](auto x, auto w) {
       auto y = cg::relu(cg::matmul(x, w));
       return cg::wait_tensor(cg::reduce_scatter_tensor(y, "sum", 0, cg::group{iota_ranks(world)}));
     }, cg::input<float>({10 * world, 8}), cg::input<float>({8, 6}));
@@ -238,7 +183,7 @@ TEST_CASE("decompose.reduce_scatter.rows_of_every_block") {
 TEST_CASE("decompose.all_gather.matmul_chain") {
   for (int world : {2, 4}) {
     const cg::group grp{iota_ranks(world)};
-    const auto g = cg::trace(world_of(world), [&](auto x, auto w1, auto w2) {
+    const auto g = cg::trace(ccgraph_test::world(world), [&](auto x, auto w1, auto w2) {
       auto full = cg::all_gather_tensor(x, 0, grp);
       return cg::matmul(cg::gelu(cg::matmul(full, w1)), w2);
     }, cg::input<float>({6, 8}), cg::input<float>({8, 12}), cg::input<float>({12, 5}));
@@ -261,7 +206,7 @@ TEST_CASE("decompose.all_gather.matmul_chain") {
 
     // Sequence parallel into tensor parallel: gather, MLP, all_reduce. The gather side is
     // chunked; the all_reduce then reads the reassembled rows and stays whole.
-    const auto sp = cg::trace(world_of(world), [&](auto x, auto w1, auto w2) {
+    const auto sp = cg::trace(ccgraph_test::world(world), [&](auto x, auto w1, auto w2) {
       auto full = cg::all_gather_tensor(x, 0, grp);
       auto y = cg::matmul(cg::gelu(cg::matmul(full, w1)), w2);
       return cg::wait_tensor(cg::all_reduce(y, "sum", grp));
@@ -276,7 +221,7 @@ TEST_CASE("decompose.all_gather.matmul_chain") {
 
 TEST_CASE("decompose.collective_order.kept") {
   const cg::group grp{std::vector<int>{0, 1}};
-  const auto g = cg::trace(world_of(2), [&](auto a, auto x, auto w1, auto w2) {
+  const auto g = cg::trace(ccgraph_test::world(2), [&](auto a, auto x, auto w1, auto w2) {
     auto r0 = cg::all_reduce(a, "max", grp);
     auto y = cg::matmul(cg::gelu(cg::matmul(x, w1)), w2);
     auto r1 = cg::all_reduce(y, "sum", grp);
@@ -304,7 +249,7 @@ TEST_CASE("decompose.skips.what_it_cannot_split") {
     return cg::to_string(d) == cg::to_string(g);
   };
   // The matmul's result is also read elsewhere.
-  const auto reused = cg::trace(world_of(2), [&](auto x, auto w) {
+  const auto reused = cg::trace(ccgraph_test::world(2), [&](auto x, auto w) {
     auto y = cg::matmul(x, w);
     return std::make_tuple(cg::wait_tensor(cg::all_reduce(y, "sum", grp)), y);
   }, cg::input<float>({8, 4}), cg::input<float>({4, 4}));
@@ -316,17 +261,17 @@ TEST_CASE("decompose.skips.what_it_cannot_split") {
   CHECK(unchanged(trace_tp_mlp(2), 1));
   CHECK(unchanged(trace_tp_mlp(2), 0));
   // No matmul to split.
-  const auto no_matmul = cg::trace(world_of(2), [&](auto x) {
+  const auto no_matmul = cg::trace(ccgraph_test::world(2), [&](auto x) {
     return cg::wait_tensor(cg::all_reduce(cg::relu(x), "sum", grp));
   }, cg::input<float>({8, 4}));
   CHECK(unchanged(no_matmul, 2));
   // The collective's result is returned un-waited (no wait to replace).
-  const auto unwaited = cg::trace(world_of(2), [&](auto x, auto w) {
+  const auto unwaited = cg::trace(ccgraph_test::world(2), [&](auto x, auto w) {
     return cg::all_reduce(cg::matmul(x, w), "sum", grp);
   }, cg::input<float>({8, 4}), cg::input<float>({4, 4}));
   CHECK(unchanged(unwaited, 2));
   // A batched (3-d) matmul.
-  const auto batched = cg::trace(world_of(2), [&](auto x, auto w) {
+  const auto batched = cg::trace(ccgraph_test::world(2), [&](auto x, auto w) {
     return cg::wait_tensor(cg::all_reduce(cg::matmul(x, w), "sum", grp));
   }, cg::input<float>({2, 8, 4}), cg::input<float>({4, 4}));
   CHECK(unchanged(batched, 2));

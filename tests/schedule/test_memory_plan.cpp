@@ -23,21 +23,14 @@
 #include <ccgraph/schedule/memory_plan.hpp>
 #include <ccgraph/schedule/reorder.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 using cg::shape_t;
-
-cg::trace_options world(int n, int rank = 0) { return cg::trace_options{.rank = rank, .world_size = n}; }
-
-cg::threads_options opts() {
-  cg::threads_options o;
-  o.timeout = std::chrono::seconds(30);
-  return o;
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// Position of the first node whose op is `op`.
 std::size_t pos_of(const cg::graph& g, std::string_view op) {
@@ -102,7 +95,7 @@ TEST_CASE("memory_plan.steal.intermediate_dying_at_all_reduce") {
       CHECK(inp.to_vector() == std::vector<float>(16, 1.f + float(ctx.rank())));
     }
     CHECK(exe.exec().arena_allocations() == 1);  // the results were dropped: reused
-  }, opts());
+  }, threads_opts());
 }
 
 TEST_CASE("memory_plan.steal.never_a_graph_input") {
@@ -125,7 +118,7 @@ TEST_CASE("memory_plan.steal.never_a_graph_input") {
       CHECK(exe_v(inp).to_vector() == std::vector<float>(16, 3.f));
       CHECK(inp.to_vector() == std::vector<float>(16, 1.f + float(ctx.rank())));
     }
-  }, opts());
+  }, threads_opts());
 }
 
 TEST_CASE("memory_plan.steal.never_a_value_read_later") {
@@ -194,7 +187,7 @@ TEST_CASE("memory_plan.steal.never_a_value_read_later") {
       }
       CHECK(inp.to_vector() == std::vector<float>(16, 1.f + float(ctx.rank())));
     }
-  }, opts());
+  }, threads_opts());
 }
 
 TEST_CASE("memory_plan.reuse.pointwise_chain") {
@@ -214,7 +207,7 @@ TEST_CASE("memory_plan.reuse.pointwise_chain") {
     auto exe = cg::compile(g, ctx);
     for (int call = 0; call < 2; ++call)
       CHECK(exe(cg::full<float>({16, 16}, 1.f)).to_vector() == std::vector<float>(256, 128.f));
-  }, opts());
+  }, threads_opts());
 }
 
 TEST_CASE("memory_plan.lifetime.collective_input_until_its_wait") {
@@ -288,7 +281,7 @@ TEST_CASE("memory_plan.views_and_copies") {
       CHECK(std::get<2>(x).to_vector() == std::get<2>(y).to_vector());
       CHECK(std::get<3>(x).to_vector() == std::get<3>(y).to_vector());
     }
-  }, opts());
+  }, threads_opts());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,7 +422,7 @@ TEST_CASE("memory_plan.random.planned_execution_is_bitwise_unplanned") {
         CHECK(planned.exec().arena_allocations() <= 2);  // 2 when a result lives in the arena
         CHECK(in_a.to_vector() == a_before);
         CHECK(in_b.to_vector() == b_before);
-      }, opts());
+      }, threads_opts());
     }
 }
 

@@ -18,18 +18,12 @@
 #include <ccgraph/schedule/decompose.hpp>
 #include <ccgraph/schedule/verify.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-/// A generous timeout: a hang fails in seconds instead of blocking the suite.
-cg::threads_options opts() {
-  cg::threads_options o;
-  o.timeout = std::chrono::seconds(20);
-  return o;
-}
 
 /// Runs `trace_on(ctx)` (the graph rank ctx.rank() would run) and verify_collective_order on
 /// each of `world` ranks; returns each rank's collective_mismatch_error message, or nullopt
@@ -44,7 +38,7 @@ std::vector<std::optional<std::string>> verify_on(int world, F trace_on) {
     } catch (const cg::collective_mismatch_error& e) {
       out[static_cast<std::size_t>(ctx.rank())] = e.what();
     }
-  }, opts());
+  }, threads_opts(std::chrono::seconds(20)));
   return out;
 }
 

@@ -24,7 +24,10 @@
 #include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
@@ -36,19 +39,6 @@ std::string vals(const cg::tensor<T>& t) {
   for (const T& x : t.to_vector()) v.push_back(static_cast<double>(static_cast<cg::compute_t<T>>(x)));
   return cg::list_str(v);
 }
-
-/// The ccgraph::error message of `f()`, or "" if it did not throw.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 template <class T>
 std::string str(const cg::tensor<T>& t) {

@@ -31,40 +31,16 @@
 
 #include "../../examples/programs.hpp"
 
+#include "support.hpp"
+
 namespace cg = ccgraph;
+using namespace ccgraph_test;
 
 namespace {
 
 using cg::shape_t;
 using i64 = std::int64_t;
 using strings = std::vector<std::string>;
-
-cg::threads_options opts() {
-  cg::threads_options o;
-  o.timeout = std::chrono::seconds(30);
-  return o;
-}
-
-template <class F>
-void run(int n, F&& fn) {
-  cg::run_threads(n, std::forward<F>(fn), opts());
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-/// The message of the ccgraph::error `f` throws, or "<no error>".
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cg::error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-/// A world of `n` ranks for tracing outside run_threads, playing rank `rank`.
-cg::trace_options world(int n, int rank = 0) { return cg::trace_options{.rank = rank, .world_size = n}; }
 
 /// Bitwise equality of values (tensors, tuples and vectors of tensors); waits on pending ones.
 template <class T>
