@@ -41,18 +41,6 @@ constexpr milliseconds long_timeout{30000};
 std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<std::uint8_t>& v) { return {v.begin(), v.end()}; }
 
-/// The message of the exception `f` throws as `E`, or "" when it throws nothing (then CHECKs
-/// on the message fail and show it).
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "";
-}
-
 /// A fresh directory under the system temp dir, removed with everything in it at scope exit.
 struct temp_dir {
   std::filesystem::path path;
@@ -123,9 +111,9 @@ void exercise_store(int n, Make make) {
   CHECK(s.add("negative", -5) == -5);
   CHECK(s.add("max", std::numeric_limits<std::int64_t>::max()) ==
         std::numeric_limits<std::int64_t>::max());
-  CHECK(contains(message_of<cg::error>([&] { s.add("max", 1); }), "overflows int64"));
+  CHECK(contains(error_of<cg::error>([&] { s.add("max", 1); }), "overflows int64"));
   CHECK(s.add("max", 0) == std::numeric_limits<std::int64_t>::max());  // unchanged
-  const std::string m = message_of<cg::error>([&] { s.add("key/1", 1); });
+  const std::string m = error_of<cg::error>([&] { s.add("key/1", 1); });
   CHECK(contains(m, "add"));
   CHECK(contains(m, "'key/1'"));
   CHECK(contains(m, "not a decimal integer"));
@@ -154,7 +142,7 @@ void missing_keys_time_out(cg::store& s, const std::string& name) {
   s.set_timeout(milliseconds(100));
   CHECK(s.timeout() == milliseconds(100));
   auto t0 = clock_type::now();
-  std::string m = message_of<cg::timeout_error>([&] { s.get("no/such/key"); });
+  std::string m = error_of<cg::timeout_error>([&] { s.get("no/such/key"); });
   const double took = seconds_since(t0);
   CHECK(took >= 0.09);
   CHECK(took < 3.0);
@@ -165,7 +153,7 @@ void missing_keys_time_out(cg::store& s, const std::string& name) {
 
   s.set("here", bytes("x"));
   t0 = clock_type::now();
-  m = message_of<cg::timeout_error>([&] { s.wait({"here", "missing/a", "missing/b"}); });
+  m = error_of<cg::timeout_error>([&] { s.wait({"here", "missing/a", "missing/b"}); });
   CHECK(seconds_since(t0) < 3.0);
   CHECK(contains(m, "wait"));
   CHECK(contains(m, "2 of 3 keys"));
@@ -218,7 +206,7 @@ TEST_CASE("store.tcp.missing_key_times_out") {
 TEST_CASE("store.tcp.no_server_times_out_naming_host_port") {
   const int port = unused_port();
   const auto t0 = clock_type::now();
-  const std::string m = message_of<cg::timeout_error>(
+  const std::string m = error_of<cg::timeout_error>(
       [&] { cg::tcp_store("127.0.0.1", port, false, 2, milliseconds(300)); });
   CHECK(seconds_since(t0) >= 0.29);
   CHECK(seconds_since(t0) < 5.0);
@@ -347,7 +335,7 @@ TEST_CASE("store.tcp.shutdown_grace_bounds_an_idle_client") {
   server.reset();
   CHECK(seconds_since(t0) >= 0.25);
   CHECK(seconds_since(t0) < 5.0);
-  const std::string m = message_of<cg::error>([&] { client.get("a"); });
+  const std::string m = error_of<cg::error>([&] { client.get("a"); });
   CHECK(contains(m, "tcp_store::get"));
   CHECK(contains(m, "127.0.0.1:" + std::to_string(port)));
   CHECK_THROWS_AS(cg::tcp_store("127.0.0.1", 0, true, 2, long_timeout, milliseconds(-1)),
@@ -361,7 +349,7 @@ TEST_CASE("store.tcp.bad_arguments") {
   CHECK_THROWS_AS(cg::tcp_store("", 0, true, 1, long_timeout), cg::error);
   // Two servers on one port: the second names the port.
   cg::tcp_store first("127.0.0.1", 0, true, 1, long_timeout);
-  const std::string m = message_of<cg::error>(
+  const std::string m = error_of<cg::error>(
       [&] { cg::tcp_store("127.0.0.1", first.port(), true, 1, long_timeout); });
   CHECK(contains(m, "port " + std::to_string(first.port())));
   CHECK(contains(m, "in use"));
@@ -425,11 +413,11 @@ TEST_CASE("store.file.missing_key_times_out") {
 
 TEST_CASE("store.file.bad_paths_and_files") {
   temp_dir dir;
-  std::string m = message_of<cg::error>([&] { cg::file_store(dir.file("no/such/dir/s"), 1); });
+  std::string m = error_of<cg::error>([&] { cg::file_store(dir.file("no/such/dir/s"), 1); });
   CHECK(contains(m, dir.file("no/such/dir/s")));
   CHECK(contains(m, "No such file"));
   { std::ofstream(dir.file("garbage")) << "this is not a store file at all\n"; }
-  m = message_of<cg::error>([&] { cg::file_store(dir.file("garbage"), 1); });
+  m = error_of<cg::error>([&] { cg::file_store(dir.file("garbage"), 1); });
   CHECK(contains(m, dir.file("garbage")));
   CHECK(contains(m, "not a file_store file"));
   CHECK_THROWS_AS(cg::file_store(dir.file("s"), 0), cg::error);
@@ -490,7 +478,7 @@ TEST_CASE("store.barrier.four_threads_tcp_and_file") {
 
 TEST_CASE("store.barrier.timeout_names_the_barrier") {
   cg::tcp_store s("127.0.0.1", 0, true, 2, milliseconds(100));
-  const std::string m = message_of<cg::timeout_error>([&] { cg::barrier(s, "lonely", 1, 2); });
+  const std::string m = error_of<cg::timeout_error>([&] { cg::barrier(s, "lonely", 1, 2); });
   CHECK(contains(m, "barrier 'lonely'"));
   CHECK(contains(m, "rank 1"));
   CHECK(contains(m, "1 of 2 ranks arrived"));
@@ -514,7 +502,7 @@ cg::env_config parse_env(const std::map<std::string, std::string>& vars) {
 }
 
 std::string env_error(const std::map<std::string, std::string>& vars) {
-  return message_of<cg::error>([&] { parse_env(vars); });
+  return error_of<cg::error>([&] { parse_env(vars); });
 }
 
 /// Sets (or, with nullopt, unsets) environment variables for a scope, then restores them.
@@ -647,7 +635,7 @@ TEST_CASE("env_config.make_store_from_env") {
   }
   for (const char* bad : {"0", "-3", "soon", "1e999", "nan"}) {
     env_guard env({{"CCGRAPH_STORE_FILE", file}, {"CCGRAPH_STORE_TIMEOUT_S", bad}});
-    const std::string m = message_of<cg::error>([] { cg::make_store_from_env(cg::env_config{}); });
+    const std::string m = error_of<cg::error>([] { cg::make_store_from_env(cg::env_config{}); });
     CHECK(contains(m, std::string("CCGRAPH_STORE_TIMEOUT_S='") + bad + "'"));
   }
 }

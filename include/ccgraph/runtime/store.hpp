@@ -332,7 +332,7 @@ class tcp_store_server {
   /// serving thread. Throws error naming the call and the port when the port cannot be bound.
   /// `shutdown_grace` bounds how long the destructor keeps serving connected clients.
   explicit tcp_store_server(int port, std::chrono::milliseconds shutdown_grace)
-      : grace_(std::max(shutdown_grace, std::chrono::milliseconds(0))) {
+      : grace_(shutdown_grace) {
     listen_ = unique_fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!listen_)
       CCGRAPH_THROW(error, "tcp_store: socket() for the server on port ", port,
@@ -378,7 +378,7 @@ class tcp_store_server {
   /// a peer's request for the same barrier is still on its way, and must answer it.
   ~tcp_store_server() {
     const char b = 1;
-    // One byte in an empty pipe cannot block; the thread wakes from poll() and returns.
+    // One byte in an empty pipe cannot block; the thread wakes from poll() and starts to stop.
     while (::write(wake_wr_.get(), &b, 1) < 0 && errno == EINTR) {
     }
     if (thread_.joinable()) thread_.join();
