@@ -56,7 +56,7 @@ class symbolic {
 
   // Views and shape ops record nodes; same names and semantics as tensor<T>'s.
   /// reshape (one size may be -1).
-  symbolic reshape(shape_t s) const { return unary(ops::reshape{resolve_shape(std::move(s))}, "reshape"); }
+  symbolic reshape(shape_t s) const { return view_op<ops::reshape>("reshape", resolve_shape(std::move(s))); }
   /// view (as reshape).
   symbolic view(shape_t s) const { return reshape(std::move(s)); }
   /// flatten to 1-d.
@@ -64,7 +64,7 @@ class symbolic {
   /// narrow along `dim`.
   symbolic narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const {
     if (start < 0) start += size(dim);
-    return unary(ops::narrow{dim, start, length}, "narrow");
+    return view_op<ops::narrow>("narrow", dim, start, length);
   }
   /// chunk along `dim` (PyTorch's sizes), as narrow nodes.
   std::vector<symbolic> chunk(std::int64_t chunks, std::int64_t dim = 0) const {
@@ -78,19 +78,27 @@ class symbolic {
     return out;
   }
   /// select along `dim`.
-  symbolic select(std::int64_t dim, std::int64_t index) const { return unary(ops::select{dim, index}, "select"); }
+  symbolic select(std::int64_t dim, std::int64_t index) const { return view_op<ops::select>("select", dim, index); }
   /// transpose two dims.
-  symbolic transpose(std::int64_t d0, std::int64_t d1) const { return unary(ops::transpose{d0, d1}, "transpose"); }
+  symbolic transpose(std::int64_t d0, std::int64_t d1) const { return view_op<ops::transpose>("transpose", d0, d1); }
   /// permute dims.
-  symbolic permute(const std::vector<std::int64_t>& dims) const { return unary(ops::permute{dims}, "permute"); }
+  symbolic permute(const std::vector<std::int64_t>& dims) const { return view_op<ops::permute>("permute", dims); }
   /// unsqueeze at `dim`.
-  symbolic unsqueeze(std::int64_t dim) const { return unary(ops::unsqueeze{dim}, "unsqueeze"); }
+  symbolic unsqueeze(std::int64_t dim) const { return view_op<ops::unsqueeze>("unsqueeze", dim); }
   /// contiguous.
-  symbolic contiguous() const { return unary(ops::contiguous{}, "contiguous"); }
+  symbolic contiguous() const { return view_op<ops::contiguous>("contiguous"); }
   /// repeat.
-  symbolic repeat(const std::vector<std::int64_t>& times) const { return unary(ops::repeat{times}, "repeat"); }
+  symbolic repeat(const std::vector<std::int64_t>& times) const { return view_op<ops::repeat>("repeat", times); }
 
  private:
+  /// Records op Op{args...} on this value. The op is built as a named variable: nvcc's front
+  /// end drops the type of `ops::transpose{d0, d1}` passed straight to a node_op parameter
+  /// inside this class (whose members share the ops' names), and the build fails.
+  template <class Op, class... A>
+  symbolic view_op(std::string_view hint, A&&... args) const {
+    Op op{std::forward<A>(args)...};
+    return unary(node_op(std::move(op)), hint);
+  }
   symbolic unary(node_op op, std::string_view hint) const {
     return symbolic(st_, {st_->g.add(std::move(op), {ref_}, {}, hint), 0});
   }
