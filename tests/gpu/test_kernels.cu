@@ -138,6 +138,7 @@ struct pointwise_case {
   std::array<std::size_t, N - 1> operand_sizes;
   std::size_t out_elems;
   std::size_t out_shift = 0;  // output pointer offset in elements (misaligned output)
+  std::size_t in_shift = 0;   // the second operand's pointer offset (misaligned loads)
 };
 
 /// The host reference: the definition of a device_layout, one element at a time.
@@ -160,8 +161,9 @@ void host_pointwise(const K& k, T* out, const cg::detail::device_layout<N>& layo
 }
 
 template <std::size_t N>
-pointwise_case<N> flat_case(std::int64_t n, std::size_t out_shift = 0) {
-  pointwise_case<N> c{out_shift ? "flat.misaligned_out" : "flat", {}, {}, 0, out_shift};
+pointwise_case<N> flat_case(std::int64_t n, std::size_t out_shift = 0, std::size_t in_shift = 0) {
+  pointwise_case<N> c{out_shift ? "flat.misaligned_out" : in_shift ? "flat.misaligned_operand" : "flat",
+                      {}, {}, 0, out_shift, in_shift};
   c.layout.ndim = 1;
   c.layout.numel = n;
   c.layout.flat = true;
@@ -252,11 +254,12 @@ void check_pointwise(const char* tree, Make make, const pointwise_case<N>& c,
   std::array<device_ptr<T>, operands> dev_in;
   std::array<const T*, operands> host_ptrs{}, dev_ptrs{};
   for (std::size_t a = 0; a < operands; ++a) {
-    host_in[a] = random_values<T>(c.operand_sizes[a], ranges[a], 1234u + 7u * static_cast<unsigned>(a));
-    dev_in[a] = device_alloc<T>(c.operand_sizes[a]);
+    const std::size_t shift = a == 1 ? c.in_shift : 0;
+    host_in[a] = random_values<T>(c.operand_sizes[a] + shift, ranges[a], 1234u + 7u * static_cast<unsigned>(a));
+    dev_in[a] = device_alloc<T>(c.operand_sizes[a] + shift);
     upload(dev_in[a].get(), host_in[a]);
-    host_ptrs[a] = host_in[a].data();
-    dev_ptrs[a] = dev_in[a].get();
+    host_ptrs[a] = host_in[a].data() + shift;
+    dev_ptrs[a] = dev_in[a].get() + shift;
   }
   const std::size_t total = c.out_elems + c.out_shift;
   auto dev_out = device_alloc<T>(total);
@@ -338,6 +341,7 @@ void check_three_operand_trees() {
       flat_case<4>(7),                 // tail only: fewer elements than one thread's chunk
       flat_case<4>(1000),              // one block
       flat_case<4>(1001, 1),           // output off 16-byte alignment: scalar stores
+      flat_case<4>(100'003, 0, 3),     // one operand off 16-byte alignment: element loads
       flat_case<4>(5'000'003),         // several grid-stride iterations, ragged end
       broadcast_case<4>(37, 130),
       broadcast_case<4>(1500, 4099),   // several grid-stride iterations, rows not chunk-aligned
@@ -356,6 +360,7 @@ void check_transcendental_tree(std::int64_t max_ulps) {
   const std::vector<pointwise_case<3>> cases = {
       flat_case<3>(1'000'003),
       flat_case<3>(999, 1),
+      flat_case<3>(4099, 0, 1),
       broadcast_case<3>(37, 130),
       transposed_case<3>(53, 61, 64),
   };

@@ -90,23 +90,19 @@ struct pointwise_strided_params {
 // `out` is not __restrict__: evaluating in place (out is one of the operands, same layout) is
 // allowed, and each element is read before the same thread writes it.
 
-/// out[i] = k(0, i) over contiguous operands. Each thread takes 16 bytes of output per
-/// iteration: all of its operand loads are issued before the first use, and a full chunk leaves
-/// as one 16-byte store when `out` is 16-byte aligned (every chunk then is: chunks start at
-/// multiples of 16 bytes). The last, partial chunk is written element by element.
-template <class K, class T, std::size_t N>
-__global__ void __launch_bounds__(pointwise_block_threads)
-    pointwise_flat_kernel(const K k, T* out, const std::int64_t n) {
+/// The loop of pointwise_flat_kernel, with vector loads (Vec) or element loads for the leaves.
+template <bool Vec, class K, class T, std::size_t N>
+__device__ __forceinline__ void pointwise_flat_loop(const K& k, T* out, const std::int64_t n, const bool vector_store) {
   constexpr int vec = pointwise_vec<T>;
   const std::int64_t zero[N] = {};  // every operand starts where the output does
-  const bool vector_store = (reinterpret_cast<std::uintptr_t>(out) % 16 == 0) && vec > 1;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x * vec;
   for (std::int64_t base = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * vec;
        base < n; base += step) {
     if (base + vec <= n) {
       alignas(16) T v[vec];
+      const auto x = k.template load_pack<vec, Vec>(base);
 #pragma unroll
-      for (int j = 0; j < vec; ++j) v[j] = k.load(zero, base + j);
+      for (int j = 0; j < vec; ++j) v[j] = x.v[j];
       if (vector_store) {
         if constexpr (vec > 1)
           *reinterpret_cast<uint4*>(out + base) = *reinterpret_cast<const uint4*>(v);
@@ -118,6 +114,22 @@ __global__ void __launch_bounds__(pointwise_block_threads)
       for (std::int64_t i = base; i < n; ++i) out[i] = k.load(zero, i);
     }
   }
+}
+
+/// out[i] = k(0, i) over contiguous operands. Each thread takes 16 bytes of output per
+/// iteration, evaluated as one pack (kernel_tree.hpp): every leaf loads its part of the chunk
+/// at once, as 16-byte vectors when every operand is 16-byte aligned (decided once, so the
+/// tree's loads have no branch between them), before the first use; a full chunk leaves as one
+/// 16-byte store when `out` is 16-byte aligned (every chunk then is: chunks start at multiples
+/// of 16 bytes). The last, partial chunk is written element by element.
+template <class K, class T, std::size_t N>
+__global__ void __launch_bounds__(pointwise_block_threads)
+    pointwise_flat_kernel(const K k, T* out, const std::int64_t n) {
+  const bool vector_store = (reinterpret_cast<std::uintptr_t>(out) % 16 == 0) && pointwise_vec<T> > 1;
+  if (k.aligned16())
+    pointwise_flat_loop<true, K, T, N>(k, out, n, vector_store);
+  else
+    pointwise_flat_loop<false, K, T, N>(k, out, n, vector_store);
 }
 
 /// Splits linear index `i` into per-operand offsets (o[0] the output's) and returns its

@@ -266,6 +266,26 @@ namespace detail {
 // Kernel trees (tensor/kernel_tree.hpp): the leaves are tensor_kernel and scalar_kernel; an op
 // node holds its operands' trees.
 
+/// Op applied element by element to packs (kernel_tree.hpp): the pack form of a tree node.
+template <class Op, class A, int V>
+CCGRAPH_HOST_DEVICE auto apply_pack(const elem_pack<A, V>& x) {
+  elem_pack<decltype(Op::apply(x.v[0])), V> r;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < V; ++j) r.v[j] = Op::apply(x.v[j]);
+  return r;
+}
+template <class Op, class A, class B, int V>
+CCGRAPH_HOST_DEVICE auto apply_pack(const elem_pack<A, V>& x, const elem_pack<B, V>& y) {
+  elem_pack<decltype(Op::apply(x.v[0], y.v[0])), V> r;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < V; ++j) r.v[j] = Op::apply(x.v[j], y.v[j]);
+  return r;
+}
+
 template <class Op, class... Ks>
 struct node_kernel;
 
@@ -274,6 +294,9 @@ template <class Op, class K0>
 struct node_kernel<Op, K0> {
   K0 a;
   CCGRAPH_HOST_DEVICE auto load(const std::int64_t* o, std::int64_t i) const { return Op::apply(a.load(o, i)); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE auto load_pack(std::int64_t i) const { return apply_pack<Op>(a.template load_pack<V, Vec>(i)); }
+  CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16(); }
 };
 
 /// Kernel node of a binary op.
@@ -284,6 +307,11 @@ struct node_kernel<Op, K0, K1> {
   CCGRAPH_HOST_DEVICE auto load(const std::int64_t* o, std::int64_t i) const {
     return Op::apply(a.load(o, i), b.load(o, i));
   }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE auto load_pack(std::int64_t i) const {
+    return apply_pack<Op>(a.template load_pack<V, Vec>(i), b.template load_pack<V, Vec>(i));
+  }
+  CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16() && b.aligned16(); }
 };
 
 /// Builds the kernel tree of `x`, numbering its tensor leaves from I in visiting order. Reading

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <ccgraph/core/config.hpp>
 #include <ccgraph/core/device.hpp>
@@ -22,11 +23,77 @@ namespace ccgraph::detail {
 // flat path passes zero offsets and the flat index, the row path each row's start offsets and
 // the index in the row, the general strided path each element's offsets and 0.
 
+//
+// The flat device kernel (every operand laid out like the output) evaluates V consecutive
+// elements at once through `load_pack<V, Vec>(i)`: each leaf loads its V elements together
+// (Vec: as 16-byte vectors, when `aligned16()` said every leaf allows it) before any op uses
+// them. Evaluated once per element instead, the tree's loads interleave with its ops and few
+// are in flight; a per-leaf alignment test would be a branch between them that keeps the
+// compiler from issuing a later leaf's load before an earlier leaf's arithmetic.
+
+/// V consecutive elements of one kernel-tree value (16-byte aligned, for vector loads).
+template <class T, int V>
+struct alignas(16) elem_pack {
+  T v[V];
+};
+
+/// True when `p` may be read with 16-byte vector loads.
+CCGRAPH_HOST_DEVICE inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+/// Loads p[0], ..., p[V-1]: as 16-byte vectors on a device when Vec (the caller checked that p
+/// is 16-byte aligned) and the pack is a whole number of vectors, else element by element.
+template <int V, bool Vec, class T>
+CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_at(const T* p) {
+  elem_pack<T, V> r;
+#if defined(__CUDA_ARCH__)
+  if constexpr (Vec && V * sizeof(T) % 16 == 0) {
+#pragma unroll
+    for (std::size_t j = 0; j < V * sizeof(T) / 16; ++j)
+      reinterpret_cast<uint4*>(r.v)[j] = reinterpret_cast<const uint4*>(p)[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = p[j];
+  }
+#else
+  for (int j = 0; j < V; ++j) r.v[j] = p[j];
+#endif
+  return r;
+}
+
+/// x with each element converted to T (as the scalar path's return converts it).
+template <class T, class R, int V>
+CCGRAPH_HOST_DEVICE elem_pack<T, V> to_pack(const elem_pack<R, V>& x) {
+  if constexpr (std::is_same_v<T, R>) {
+    return x;
+  } else {
+    elem_pack<T, V> r;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < V; ++j) r.v[j] = x.v[j];
+    return r;
+  }
+}
+
+/// A pack of V copies of v.
+template <int V, class T>
+CCGRAPH_HOST_DEVICE elem_pack<T, V> fill_pack(T v) {
+  elem_pack<T, V> r;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < V; ++j) r.v[j] = v;
+  return r;
+}
+
 /// Kernel leaf for tensor operand number I (outputs take index 0, so leaves start at 1).
 template <class T, std::size_t I>
 struct tensor_kernel {
   const T* p;
   CCGRAPH_HOST_DEVICE T load(const std::int64_t* offsets, std::int64_t i) const { return p[offsets[I] + i]; }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(std::int64_t i) const { return load_pack_at<V, Vec>(p + i); }
+  CCGRAPH_HOST_DEVICE bool aligned16() const { return ::ccgraph::detail::aligned16(p); }
 };
 
 /// Kernel leaf for a scalar operand.
@@ -34,6 +101,9 @@ template <class T>
 struct scalar_kernel {
   T v;
   CCGRAPH_HOST_DEVICE T load(const std::int64_t*, std::int64_t) const { return v; }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(std::int64_t) const { return fill_pack<V>(v); }
+  CCGRAPH_HOST_DEVICE bool aligned16() const { return true; }
 };
 
 /// Kernel node converting its operand to U (tensor::to<U>, copies between element types).
@@ -41,6 +111,17 @@ template <class U, class K>
 struct cast_kernel {
   K a;
   CCGRAPH_HOST_DEVICE U load(const std::int64_t* o, std::int64_t i) const { return cast<U>(a.load(o, i)); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<U, V> load_pack(std::int64_t i) const {
+    const auto x = a.template load_pack<V, Vec>(i);
+    elem_pack<U, V> r;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < V; ++j) r.v[j] = cast<U>(x.v[j]);
+    return r;
+  }
+  CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16(); }
 };
 
 /// Runs kernel tree `k` over `shape` on `dev`, writing `out` (strides[0]) from N-1 tensor

@@ -166,6 +166,18 @@ CCGRAPH_HOST_DEVICE T load_slot(const std::array<const T*, M>& p, const std::int
   return q[off + i];
 }
 
+/// Input `slot`'s elements i, ..., i+V-1 of a flat layout (the pack form of load_slot).
+template <int V, bool Vec, class T, std::size_t M>
+CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack(const std::array<const T*, M>& p, int slot, std::int64_t i) {
+  const T* q = p[0];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::size_t j = 1; j < M; ++j)
+    if (static_cast<int>(j) == slot) q = p[j];
+  return load_pack_at<V, Vec>(q + i);
+}
+
 /// A traced tree leaf: the node's input `slot`.
 template <class T>
 struct traced_slot {
@@ -174,6 +186,10 @@ struct traced_slot {
   CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>& p, const std::int64_t* o, std::int64_t i) const {
     return load_slot(p, o, slot, i);
   }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const T*, M>& p, std::int64_t i) const {
+    return load_slot_pack<V, Vec>(p, slot, i);
+  }
 };
 /// A traced tree leaf: a scalar.
 template <class T>
@@ -181,6 +197,10 @@ struct traced_scalar {
   T v;
   template <std::size_t M>
   CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>&, const std::int64_t*, std::int64_t) const { return v; }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const T*, M>&, std::int64_t) const {
+    return fill_pack<V>(v);
+  }
 };
 /// A traced op: computed from its operands, or read from input `slot` when that is >= 0.
 template <class T, class Op, class... Ks>
@@ -193,6 +213,12 @@ struct traced_op<T, Op, K0> {
   CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>& p, const std::int64_t* o, std::int64_t i) const {
     return slot >= 0 ? load_slot(p, o, slot, i) : Op::apply(a.load(p, o, i));
   }
+  // The slot test is made once per pack, not once per element.
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const T*, M>& p, std::int64_t i) const {
+    if (slot >= 0) return load_slot_pack<V, Vec>(p, slot, i);
+    return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i)));
+  }
 };
 template <class T, class Op, class K0, class K1>
 struct traced_op<T, Op, K0, K1> {
@@ -202,6 +228,11 @@ struct traced_op<T, Op, K0, K1> {
   template <std::size_t M>
   CCGRAPH_HOST_DEVICE T load(const std::array<const T*, M>& p, const std::int64_t* o, std::int64_t i) const {
     return slot >= 0 ? load_slot(p, o, slot, i) : Op::apply(a.load(p, o, i), b.load(p, o, i));
+  }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const T*, M>& p, std::int64_t i) const {
+    if (slot >= 0) return load_slot_pack<V, Vec>(p, slot, i);
+    return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i), b.template load_pack<V, Vec>(p, i)));
   }
 };
 
@@ -308,6 +339,16 @@ struct traced_kernel {
   std::array<const T*, M> p;
   Tree t;
   CCGRAPH_HOST_DEVICE T load(const std::int64_t* o, std::int64_t i) const { return t.load(p, o, i); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(std::int64_t i) const { return t.template load_pack<V, Vec>(p, i); }
+  CCGRAPH_HOST_DEVICE bool aligned16() const {
+    bool ok = true;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (std::size_t j = 0; j < M; ++j) ok = ok && (!p[j] || ::ccgraph::detail::aligned16(p[j]));
+    return ok;
+  }
 };
 
 /// Replays a recorded expression on the node's inputs: the block program on the host, the
