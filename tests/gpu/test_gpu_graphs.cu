@@ -138,6 +138,71 @@ TEST_CASE("gpu_graphs.static_inputs_are_bound_by_pointer" * doctest::skip(ccgrap
   });
 }
 
+TEST_CASE("gpu_graphs.static_outputs_are_read_in_place_or_copied" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  // Outputs computed into the memory plan's arena are returned from there (no copy per
+  // replay); a view of an input and an un-waited collective are copied out. All must hold
+  // each call's values, in both output modes, and the same value returned twice stays one.
+  cg::cuda::run_gpus(1, [](cg::rank_context& ctx) {
+    const cg::group world = world_ranks(1);
+    auto g = cg::trace(
+        [&](auto a) {
+          auto m = cg::matmul(a, a);
+          return std::make_tuple(m, a.transpose(0, 1), cg::all_reduce(cg::eval(a + 1.f), "sum", world), m);
+        },
+        cg::input<float>({8, 8}));
+    for (const bool static_outputs : {false, true}) {
+      auto exe = cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = static_outputs});
+      for (int call = 0; call < 3; ++call) {
+        INFO("static_outputs " << static_outputs << ", call " << call);
+        const auto host = cg::uniform<float>({8, 8}, -1, 1, 40 + static_cast<std::uint64_t>(call));
+        auto [m, t, r, m2] = exe(host.cuda(0));
+        CHECK(rel_error(values(m), values(cg::matmul(host, host))) < 1e-5);
+        CHECK(values(t) == values(host.transpose(0, 1)));
+        CHECK(values(r) == values(cg::tensor<float>(host + 1.f)));
+        CHECK(values(m2) == values(m));
+      }
+      REQUIRE(exe.exec().static_outputs().size() == 4);
+      CHECK(exe.exec().output_in_place(0));
+      CHECK_FALSE(exe.exec().output_in_place(1));  // the input's static buffer, transposed
+      CHECK_FALSE(exe.exec().output_in_place(2));  // returned un-waited: copied, which waits
+      CHECK(exe.exec().output_in_place(3));
+    }
+  });
+}
+
+TEST_CASE("gpu_graphs.stable_inputs_are_bound_moved_inputs_copied" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  // A weight passed again on every call is read in place (an in-place update shows in the next
+  // replay); an input replaced by another tensor is copied from then on, and the tensor the
+  // graph was bound to is never written.
+  cg::cuda::run_gpus(1, [](cg::rank_context& ctx) {
+    auto g = cg::trace([](auto x, auto w) { return cg::matmul(x, w); }, cg::input<float>({4, 8}),
+                       cg::input<float>({8, 3}));
+    auto exe = cg::compile(g, ctx, {.cuda_graph = true});
+    const auto w_host = cg::uniform<float>({8, 3}, -1, 1, 5);
+    auto w = w_host.cuda(0);
+    auto check = [&](const cg::tensor<float>& x_host, const cg::tensor<float>& w_now, const cg::tensor<float>& got) {
+      CHECK(rel_error(values(got), values(cg::matmul(x_host, w_now))) < 1e-5);
+    };
+    for (int call = 0; call < 3; ++call) {
+      INFO("call " << call);
+      const auto x_host = cg::uniform<float>({4, 8}, -1, 1, 10 + static_cast<std::uint64_t>(call));
+      check(x_host, w_host, exe(x_host.cuda(0), w));
+      CHECK(exe.exec().input_bound(1));
+      CHECK(exe.exec().input_bound(0) == (call == 0));  // a new x on every call: copied after the first
+    }
+    const auto x_host = cg::uniform<float>({4, 8}, -1, 1, 20);
+    const auto x = x_host.cuda(0);
+    w.fill_(0.5f);
+    check(x_host, cg::full<float>({8, 3}, 0.5f), exe(x, w));
+    const auto w2_host = cg::uniform<float>({8, 3}, -1, 1, 6);
+    check(x_host, w2_host, exe(x, w2_host.cuda(0)));
+    CHECK_FALSE(exe.exec().input_bound(1));
+    CHECK(w.to_vector() == std::vector<float>(24, 0.5f));  // the old binding was not written
+    check(x_host, cg::full<float>({8, 3}, 0.5f), exe(x, w));
+    CHECK(exe.exec().captured());
+  });
+}
+
 TEST_CASE("gpu_graphs.cuda_graph_on_a_cpu_rank_is_an_error") {
   cg::run_threads(1, [](cg::rank_context& ctx) {
     auto g = cg::trace([](auto a) { return cg::eval(a + 1.f); }, cg::input<float>({4}));

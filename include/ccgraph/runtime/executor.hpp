@@ -51,7 +51,10 @@ namespace detail {
 struct captured_graph {
   device dev;
   void* handle = nullptr;
+  /// What the recording reads: the caller's own tensor where `bound` (read in place on every
+  /// replay, so it must be passed again), else a static buffer each call's input is copied to.
   std::vector<any_tensor> inputs;
+  std::vector<bool> bound;
   std::vector<any_tensor> outputs;
   std::shared_ptr<storage> arena;  // the memory plan's arena the recording uses
   captured_graph() = default;
@@ -187,10 +190,25 @@ class executor {
   /// True once a CUDA Graph was recorded (cuda_graph mode, after the first call).
   bool captured() const { return captured_ && *captured_; }
 
-  /// The buffers a recorded CUDA Graph reads its inputs from (empty before the first call):
-  /// write a call's inputs there and pass these very tensors to skip the copy into them.
+  /// The tensors a recorded CUDA Graph reads its inputs from (empty before the first call):
+  /// the bound tensors themselves and the static buffers of copied inputs. Write a call's
+  /// inputs there and pass these very tensors to skip any copy.
   std::vector<any_tensor> static_inputs() const {
     return captured() ? (*captured_)->inputs : std::vector<any_tensor>{};
+  }
+
+  /// The buffers a recorded CUDA Graph leaves its outputs in (empty before the first call):
+  /// what static_outputs returns. A result the memory plan placed in the arena is read where
+  /// the graph computed it; any other (a view of an input, an un-waited collective) is copied
+  /// there at the end of each replay.
+  std::vector<any_tensor> static_outputs() const {
+    return captured() ? (*captured_)->outputs : std::vector<any_tensor>{};
+  }
+
+  /// True when output `i` of the recorded CUDA Graph is read in place from the memory plan's
+  /// arena (no copy per replay); false before the first call.
+  bool output_in_place(std::size_t i) const {
+    return captured() && i < (*captured_)->outputs.size() && in_arena((*captured_)->outputs[i], (*captured_)->arena);
   }
 
   /// Runs the graph on `inputs` (one per placeholder, in order) and returns the outputs; an
@@ -198,35 +216,72 @@ class executor {
   ///
   /// In cuda_graph mode the first call runs the graph eagerly (which creates every
   /// communicator and library handle, none of which may be created while recording) and then
-  /// records it into a CUDA Graph, NCCL calls included, reading static input buffers; later
-  /// calls copy their inputs there and replay it.
+  /// records it into a CUDA Graph, NCCL calls included; later calls replay it. The recording
+  /// reads each input in place, bound by pointer to the tensor the first call passed (weights
+  /// passed again on every call cost nothing); an input that a later call replaces by another
+  /// tensor is from then on copied into a static buffer, for which the graph is recorded once
+  /// more (the caller's tensors are never written). The compiled graph keeps bound tensors
+  /// alive.
   std::vector<any_tensor> run(const std::vector<any_tensor>& inputs) const {
     CCGRAPH_CHECK(inputs.size() == inputs_.size(), "compiled graph: called with ", inputs.size(),
                   " inputs, expected ", inputs_.size());
     if (!cuda_graph_) return interpret(inputs);
     if (!captured()) {
       auto results = interpret(inputs);
-      capture(inputs);
+      capture(inputs, std::vector<bool>(inputs.size(), false));
       return results;
     }
     return replay(inputs);
   }
 
+  /// True when input `i` of the recorded CUDA Graph is read in place from the tensor the
+  /// caller passes (bound by pointer), false when it is copied into a static buffer (or before
+  /// the first call).
+  bool input_bound(std::size_t i) const {
+    return captured() && i < (*captured_)->bound.size() && (*captured_)->bound[i];
+  }
+
  private:
+  /// The same view of the same memory.
+  static bool same_tensor(const any_tensor& x, const any_tensor& y) {
+    return x.index() == y.index() && std::visit(
+                                         [&](const auto& a) {
+                                           using X = std::decay_t<decltype(a)>;
+                                           const X& b = std::get<X>(y);
+                                           return a.storage() == b.storage() &&
+                                                  a.storage_offset() == b.storage_offset() &&
+                                                  a.strides() == b.strides();
+                                         },
+                                         x);
+  }
+
   std::vector<any_tensor> replay(const std::vector<any_tensor>& inputs) const {
     detail::captured_graph& cg = **captured_;
+    std::vector<bool> unbind(inputs.size(), false);
+    bool moved = false;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       CCGRAPH_CHECK(meta_of(inputs[i]) == meta_of(cg.inputs[i]), "compiled graph: input ", i, " is ",
                     meta_of(inputs[i]).str(), " but the graph was recorded with ", meta_of(cg.inputs[i]).str());
-      const bool same = std::visit(
-          [&](const auto& a) {
-            using X = std::decay_t<decltype(a)>;
-            const X& b = std::get<X>(cg.inputs[i]);
-            return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
-                   a.strides() == b.strides();
-          },
-          inputs[i]);
-      if (!same) detail::copy_any(cg.inputs[i], inputs[i]);
+      if (same_tensor(inputs[i], cg.inputs[i])) {
+        std::visit([](const auto& x) { x.wait(); }, inputs[i]);  // a collective may still write it
+        continue;
+      }
+      if (cg.bound[i]) {
+        unbind[i] = moved = true;
+      } else {
+        detail::copy_any(cg.inputs[i], inputs[i]);
+      }
+    }
+    if (moved) {
+      // A bound input was replaced: this call runs eagerly, and the graph is recorded again
+      // with static buffers for the inputs that moved (once per input; later calls replay).
+      const detail::device_runtime& rt = detail::require_device_runtime("compiled graph", cg.dev);
+      std::vector<bool> copied(inputs.size());
+      for (std::size_t i = 0; i < inputs.size(); ++i) copied[i] = !cg.bound[i] || unbind[i];
+      auto results = interpret(inputs);
+      rt.synchronize(cg.dev);  // the old recording may still be running: it goes next
+      capture(inputs, copied);
+      return results;
     }
     detail::require_device_runtime("compiled graph", cg.dev).replay(cg.dev, cg.handle);
     if (static_outputs_) return cg.outputs;
@@ -239,14 +294,28 @@ class executor {
     return out;
   }
 
-  /// Records one run of the graph on copies of `inputs` into a CUDA Graph.
-  void capture(const std::vector<any_tensor>& inputs) const {
+  /// True when `t` is a finished result that lives in `arena` (so it need not be copied out).
+  static bool in_arena(const any_tensor& t, const std::shared_ptr<detail::storage>& arena) {
+    return arena && std::visit([&](const auto& x) { return x.storage() == arena && !x.pending_work(); }, t);
+  }
+
+  /// Records one run of the graph on `inputs` into a CUDA Graph: bound by pointer, except those
+  /// marked in `copied` and those that cannot be (on another device, or still pending), which
+  /// the recording reads from static buffers holding a copy.
+  void capture(const std::vector<any_tensor>& inputs, const std::vector<bool>& copied) const {
     auto cg = std::make_shared<detail::captured_graph>();
     cg->dev = ctx_->device();
     const detail::device_runtime& rt = detail::require_device_runtime("compile(cuda_graph)", cg->dev);
-    for (auto& t : inputs) {
-      cg->inputs.push_back(detail::empty_like(t, cg->dev));
-      detail::copy_any(cg->inputs.back(), t);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const any_tensor& t = inputs[i];
+      const bool bindable = std::visit([&](const auto& x) { return x.device() == cg->dev && !x.pending_work(); }, t);
+      cg->bound.push_back(bindable && !copied[i]);
+      if (cg->bound.back()) {
+        cg->inputs.push_back(t);
+      } else {
+        cg->inputs.push_back(detail::empty_like(t, cg->dev));
+        detail::copy_any(cg->inputs.back(), t);
+      }
     }
     const node* out_node = g_.nodes().back();
     for (auto& a : out_node->args())
@@ -254,13 +323,22 @@ class executor {
         return tensor<decltype(tag)>::empty(a.src->meta(a.index).shape, cg->dev);
       }));
     if (plan_) cg->arena = detail::storage::allocate(cg->dev, static_cast<std::size_t>(plan_->arena_bytes));
+    std::vector<std::pair<std::size_t, any_tensor>> aliased;  // outputs read from the arena
     rt.capture_begin(cg->dev);
     try {
       {
         auto results = interpret(cg->inputs, cg->arena);
-        // Into the static outputs (which waits for pending results, joining the collectives);
-        // the run's own buffers are freed before the recording ends, inside the graph.
-        for (std::size_t i = 0; i < results.size(); ++i) detail::copy_any(cg->outputs[i], results[i]);
+        // A result in the arena is its own static output: nothing later in the graph writes
+        // there, and the arena lives as long as the recording. Any other result (a view of an
+        // input, a pending collective, memory allocated while recording) is copied into its
+        // static output, which waits for it; the run's own buffers are freed before the
+        // recording ends, inside the graph.
+        for (std::size_t i = 0; i < results.size(); ++i) {
+          if (in_arena(results[i], cg->arena))
+            aliased.emplace_back(i, results[i]);
+          else
+            detail::copy_any(cg->outputs[i], results[i]);
+        }
       }
       ctx_->comm().join();
     } catch (...) {
@@ -268,6 +346,8 @@ class executor {
       throw;
     }
     cg->handle = rt.capture_end(cg->dev, true);
+    // Only now: the buffers made for those outputs are freed here, which must not be recorded.
+    for (auto& [i, t] : aliased) cg->outputs[i] = std::move(t);
     *captured_ = std::move(cg);
   }
 
