@@ -1,0 +1,312 @@
+// bench_gpu_timeline: the kernel timeline of PERF.md's GPU programs in each execution mode,
+// from CUPTI's activity records (kernel, copy and set start/end stamps taken by the GPU), so
+// that a difference between two modes' times can be read kernel by kernel: which kernel got
+// slower, which ran beside which, where the GPU sat idle. nsys is not on the lent machines;
+// CUPTI ships with the toolkit.
+//
+// For GPU 0 (the other GPUs run the same program as their ranks), per program and mode: one
+// summary row per recorded step (span from the first kernel's start to the last one's end,
+// time with nothing running, summed kernel time per category) and the kernels of the last
+// step. Those steps are synchronised before and after, so each step's records are its own (and
+// the host's issue time after a synchronisation shows as idle time); a last row runs the steps
+// back to back, as the benchmarks do, and divides by their number.
+//
+//   bench_gpu_timeline [N ...]    (seed program sizes; default 8192)
+#include <ccgraph/cuda.hpp>
+#include <ccgraph/schedule/schedule.hpp>
+
+#include "../examples/programs.hpp"
+
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace cg = ccgraph;
+
+#define TIMELINE_CHECK_CUPTI(call)                                                          \
+  do {                                                                                      \
+    const CUptiResult timeline_r_ = (call);                                                 \
+    if (timeline_r_ != CUPTI_SUCCESS) {                                                     \
+      const char* timeline_s_ = nullptr;                                                    \
+      cuptiGetResultString(timeline_r_, &timeline_s_);                                      \
+      throw std::runtime_error(std::string(#call) + " failed: " + (timeline_s_ ? timeline_s_ : "?")); \
+    }                                                                                       \
+  } while (0)
+
+namespace {
+
+enum class category { gemm, nccl, kernel, copy, set };
+
+const char* name_of(category c) {
+  switch (c) {
+    case category::gemm: return "gemm";
+    case category::nccl: return "nccl";
+    case category::kernel: return "kernel";
+    case category::copy: return "copy";
+    case category::set: return "memset";
+  }
+  return "?";
+}
+
+struct record {
+  category cat;
+  std::string name;
+  std::uint32_t device, stream;
+  std::uint64_t start, end;  // ns, GPU clock
+  int grid = 0;              // blocks, for kernels
+};
+
+std::mutex records_mu;
+std::vector<record> records;
+
+std::string short_name(const char* mangled) {
+  if (!mangled) return "?";
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string s = status == 0 && d ? d.get() : mangled;
+  if (s.rfind("void ", 0) == 0) s = s.substr(5);
+  // Template arguments say little in a table: keep the head of the name.
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
+category classify(const std::string& name) {
+  if (name.find("nccl") != std::string::npos || name.find("ncclDevKernel") != std::string::npos) return category::nccl;
+  for (const char* g : {"gemm", "xmma", "cutlass", "sm90_", "cublas"})
+    if (name.find(g) != std::string::npos) return category::gemm;
+  return category::kernel;
+}
+
+void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
+  constexpr std::size_t bytes = std::size_t{8} << 20;
+  *buffer = static_cast<std::uint8_t*>(std::aligned_alloc(8, bytes));
+  *size = bytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t, std::size_t valid) {
+  CUpti_Activity* a = nullptr;
+  std::vector<record> got;
+  while (cuptiActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS) {
+    if (a->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || a->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(a);
+      std::string n = short_name(k->name);
+      const category c = classify(n);
+      got.push_back({c, std::move(n), k->deviceId, k->streamId, k->start, k->end, k->gridX * k->gridY * k->gridZ});
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(a);
+      got.push_back({category::copy, "copy " + std::to_string(m->bytes >> 10) + " KiB (kind " +
+                                         std::to_string(m->copyKind) + ")",
+                     m->deviceId, m->streamId, m->start, m->end});
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(a);
+      got.push_back({category::set, "memset " + std::to_string(m->bytes >> 10) + " KiB", m->deviceId,
+                     m->streamId, m->start, m->end});
+    }
+  }
+  std::free(buffer);
+  std::lock_guard lk(records_mu);
+  records.insert(records.end(), got.begin(), got.end());
+}
+
+/// Everything recorded since the last call (all devices), after the GPU finished.
+std::vector<record> take_records() {
+  CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+  TIMELINE_CHECK_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  std::lock_guard lk(records_mu);
+  return std::exchange(records, {});
+}
+
+/// Summary of one step's records on `device`: its span, idle time and time per category.
+struct summary {
+  double span_us = 0, idle_us = 0;
+  std::map<category, double> busy_us;  // summed durations (overlapping kernels add up)
+  std::map<category, int> count;
+};
+
+summary summarize(std::vector<record>& rs) {
+  summary s;
+  if (rs.empty()) return s;
+  std::sort(rs.begin(), rs.end(), [](const record& a, const record& b) { return a.start < b.start; });
+  const std::uint64_t t0 = rs.front().start;
+  std::uint64_t reach = t0, t_end = t0;
+  for (const record& r : rs) {
+    if (r.start > reach) s.idle_us += static_cast<double>(r.start - reach) / 1e3;
+    reach = std::max(reach, r.end);
+    t_end = std::max(t_end, r.end);
+    s.busy_us[r.cat] += static_cast<double>(r.end - r.start) / 1e3;
+    ++s.count[r.cat];
+  }
+  s.span_us = static_cast<double>(t_end - t0) / 1e3;
+  return s;
+}
+
+/// Records `steps` calls of `step` on this rank, one at a time; prints (on rank 0, for its
+/// device) a summary row per step and the kernel list of the last one.
+void trace_steps(const cg::rank_context& ctx, const std::string& title, int steps, bool list,
+                 const std::function<void(int)>& step) {
+  const bool printer = ctx.rank() == 0;
+  for (int i = 0; i < 3; ++i) step(i);  // warm-up: plans, communicators, recordings
+  std::vector<record> last;
+  std::vector<summary> sums;
+  for (int i = 0; i < steps; ++i) {
+    if (printer) (void)take_records();
+    step(i);
+    if (!printer) {
+      CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+      continue;
+    }
+    std::vector<record> all = take_records(), mine;
+    for (record& r : all)
+      if (r.device == static_cast<std::uint32_t>(ctx.device().index)) mine.push_back(std::move(r));
+    sums.push_back(summarize(mine));
+    last = std::move(mine);
+  }
+  // The same steps back to back, as the benchmarks run them: the host issues ahead of the
+  // GPU, so host gaps between launches are hidden unless the host is the slower side.
+  if (printer) (void)take_records();
+  for (int i = 0; i < steps; ++i) step(i);
+  summary b2b;
+  if (printer) {
+    std::vector<record> all = take_records(), mine;
+    for (record& r : all)
+      if (r.device == static_cast<std::uint32_t>(ctx.device().index)) mine.push_back(std::move(r));
+    b2b = summarize(mine);
+  } else {
+    CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  if (!printer) return;
+  std::printf("\n### %s\n\n| step | span us | idle us | gemm us (n) | nccl us (n) | other kernels us (n) | copies us (n) | memsets us (n) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+              title.c_str());
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    summary& s = sums[i];
+    std::printf("| %zu | %.1f | %.1f", i, s.span_us, s.idle_us);
+    for (category c : {category::gemm, category::nccl, category::kernel, category::copy, category::set})
+      std::printf(" | %.1f (%d)", s.busy_us[c], s.count[c]);
+    std::printf(" |\n");
+  }
+  const double per = 1.0 / steps;
+  std::printf("| %d back to back, per step | %.1f | %.1f", steps, b2b.span_us * per, b2b.idle_us * per);
+  for (category c : {category::gemm, category::nccl, category::kernel, category::copy, category::set})
+    std::printf(" | %.1f (%.1f)", b2b.busy_us[c] * per, b2b.count[c] * per);
+  std::printf(" |\n");
+  if (!list || last.empty()) return;
+  std::map<std::uint32_t, int> streams;  // CUPTI stream ids, numbered in order of appearance
+  std::printf("\nKernels of the last step (start and end in us from the step's first record):\n\n| start | end | dur | stream | blocks | what |\n|---:|---:|---:|---:|---:|---|\n");
+  const std::uint64_t t0 = last.front().start;
+  for (const record& r : last) {
+    const int sid = streams.emplace(r.stream, static_cast<int>(streams.size())).first->second;
+    std::printf("| %.1f | %.1f | %.1f | %d | %d | %s: %s |\n", static_cast<double>(r.start - t0) / 1e3,
+                static_cast<double>(r.end - t0) / 1e3, static_cast<double>(r.end - r.start) / 1e3, sid, r.grid,
+                name_of(r.cat), r.name.c_str());
+  }
+  std::fflush(stdout);
+}
+
+using ccgraph::examples::seed_program;
+using ccgraph::examples::tp_mlp;
+
+void programs(int n, const std::vector<std::int64_t>& sizes) {
+  std::vector<int> all(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  const cg::group world = all;
+  cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) {
+    const int r = ctx.rank();
+    cg::schedule_options opt;
+    opt.model = cg::cost_model(cg::device_spec::h200());
+    const std::vector<std::string> passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
+    for (std::int64_t size : sizes) {
+      std::vector<cg::tensor<cg::bf16>> in{
+          cg::uniform<cg::bf16>({size, size}, -1, 1, 10 + static_cast<std::uint64_t>(r)),
+          cg::uniform<cg::bf16>({size, size}, -1, 1, 20 + static_cast<std::uint64_t>(r))};
+      auto pick = [&](int i) -> const cg::tensor<cg::bf16>& { return in[static_cast<std::size_t>(i % 2)]; };
+      const std::string w = "seed program N = " + std::to_string(size);
+      trace_steps(ctx, w + ", eager", 3, true, [&](int i) { (void)seed_program(world)(pick(i)); });
+      auto g = cg::trace(seed_program(world), cg::input<cg::bf16>({size, size}));
+      auto s = cg::schedule(g, passes, opt);
+      {
+        auto plain = cg::compile(g, ctx);
+        trace_steps(ctx, w + ", graph runner, unscheduled", 3, false, [&](int i) { (void)plain(pick(i)); });
+      }
+      {
+        auto runner = cg::compile(s, ctx);
+        trace_steps(ctx, w + ", graph runner, scheduled", 3, true, [&](int i) { (void)runner(pick(i)); });
+      }
+      {
+        auto replayed = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
+        trace_steps(ctx, w + ", CUDA Graph, scheduled", 3, true, [&](int i) { (void)replayed(pick(i)); });
+      }
+      {
+        auto replayed = cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = true});
+        trace_steps(ctx, w + ", CUDA Graph, unscheduled", 3, false, [&](int i) { (void)replayed(pick(i)); });
+      }
+    }
+    {
+      const std::int64_t T = 8192, H = 8192, F = 4 * H / n;
+      auto x = cg::uniform<cg::bf16>({T, H}, -1, 1, 30 + static_cast<std::uint64_t>(r));
+      auto w1 = cg::uniform<cg::bf16>({H, F}, -0.02, 0.02, 40 + static_cast<std::uint64_t>(r));
+      auto w2 = cg::uniform<cg::bf16>({F, H}, -0.02, 0.02, 50 + static_cast<std::uint64_t>(r));
+      const std::string w = "TP MLP T = H = 8192, F = " + std::to_string(F);
+      trace_steps(ctx, w + ", eager", 3, true, [&](int) { (void)tp_mlp(world)(x, w1, w2); });
+      auto g = cg::trace(tp_mlp(world), cg::input<cg::bf16>({T, H}), cg::input<cg::bf16>({H, F}),
+                         cg::input<cg::bf16>({F, H}));
+      auto replayed = cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = true});
+      trace_steps(ctx, w + ", CUDA Graph", 3, true, [&](int) { (void)replayed(x, w1, w2); });
+    }
+    {
+      auto x = cg::uniform<float>({1024}, -1, 1, 2);
+      auto chain = cg::trace(
+          [&](auto v) {
+            for (int i = 0; i < 64; ++i) v = cg::wait_tensor(cg::all_reduce(v, "sum", world));
+            return v;
+          },
+          cg::input<float>({1024}));
+      auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .static_outputs = true});
+      (void)exe(x);
+      auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench_gpu_timeline");
+      trace_steps(ctx, "64 all_reduces of 4 KiB f32 in one CUDA Graph", 3, true, [&](int) { (void)exe(bound); });
+      trace_steps(ctx, "64 eager all_reduces of 4 KiB f32, each waited", 3, false, [&](int) {
+        for (int i = 0; i < 64; ++i) cg::all_reduce(x, "sum", world).wait();
+      });
+    }
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = cg::cuda::device_count();
+  if (n < 1) {
+    std::printf("bench_gpu_timeline: no CUDA device; nothing to record\n");
+    return 0;
+  }
+  std::vector<std::int64_t> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoll(argv[i]));
+  if (sizes.empty()) sizes = {8192};
+  cudaDeviceProp prop{};
+  CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# bench_gpu_timeline on %d x %s, NCCL %d.%d.%d; CUPTI activity records of GPU 0\n", n, prop.name,
+              NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  try {
+    TIMELINE_CHECK_CUPTI(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+    TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
+    TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+    programs(n, sizes);
+    TIMELINE_CHECK_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_timeline: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
