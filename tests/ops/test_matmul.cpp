@@ -147,6 +147,13 @@ TEST_CASE("matmul.expressions_as_operands") {
   const auto want = cg::matmul(ra, rb).to_vector();
   CHECK(cg::matmul(cg::relu(a), b * 2 + 1).to_vector() == want);
   CHECK(cg::matmul(ra, b * 2 + 1).to_vector() == want);
+  // One expression object as both operands (evaluated once) and two equal ones (twice).
+  auto sq = cg::uniform<float>({6, 6}, -1, 1, 3);
+  const auto c = cg::relu(sq) * 0.5f;
+  cg::tensor<float> tc = c;
+  const auto want_sq = cg::matmul(tc, tc).to_vector();
+  CHECK(cg::matmul(c, c).to_vector() == want_sq);
+  CHECK(cg::matmul(c, cg::relu(sq) * 0.5f).to_vector() == want_sq);
 }
 
 TEST_CASE("matmul.vector_and_batched_rules") {

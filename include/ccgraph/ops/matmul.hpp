@@ -314,7 +314,8 @@ void matmul_into(const tensor<T>& out, const tensor<T>& a, const tensor<T>& b) {
 
 /// Matrix product with torch.matmul's rules: 2-d x 2-d, 1-d operands (vector products), and
 /// batched operands whose leading dimensions broadcast. Operands may be tensors (any strides,
-/// e.g. transposed views) or expressions (evaluated first). bf16/f16 accumulate in float and
+/// e.g. transposed views) or expressions (evaluated first, once when both operands are the same
+/// object). bf16/f16 accumulate in float and
 /// round once. Returns a new contiguous tensor. (Traced operands record a matmul node instead:
 /// ccgraph/trace/ops.hpp.)
 template <pointwise_operand A, pointwise_operand B>
@@ -326,7 +327,10 @@ tensor<value_type_t<A>> matmul(const A& a, const B& b) {
   if constexpr (is_same_dtype_v<A, B>) {
     using T = value_type_t<A>;
     const tensor<T> ta = a;  // evaluates an expression; shares a tensor
-    const tensor<T> tb = b;
+    // matmul(c, c) of one expression evaluates it once.
+    bool same = false;
+    if constexpr (std::is_same_v<A, B>) same = static_cast<const void*>(&a) == static_cast<const void*>(&b);
+    const tensor<T> tb = same ? ta : tensor<T>(b);
     CCGRAPH_CHECK(ta.device() == tb.device(), "matmul: operands on ", ta.device(), " and ",
                   tb.device());
     auto out = tensor<T>::empty(detail::matmul_shape(ta.shape(), tb.shape()), ta.device());
