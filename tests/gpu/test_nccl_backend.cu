@@ -8,7 +8,9 @@
 
 #include "gpu_test.hpp"
 
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -394,6 +396,25 @@ TEST_CASE("nccl.missing_rank_times_out.2_gpus" * doctest::skip(ccgraph_test::gpu
                            opt),
                        doctest::Contains("all_reduce"), cg::timeout_error);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("nccl.rank_missing_at_setup_times_out.1_gpu" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  // Rank 0 of a job of 2 whose rank 1 never starts: setting up the world communicator (NCCL's
+  // non-blocking init, polled under the timeout) ends in a timeout_error that says so, and the
+  // rank's communicator, store and streams are torn down without hanging.
+  cg::env_config cfg;
+  cfg.rank = 0;
+  cfg.world_size = 2;
+  cfg.local_world_size = 2;
+  cfg.master_port = 0;  // the store's server picks a free port
+  cg::cuda::nccl_options opt;
+  opt.timeout = std::chrono::milliseconds(2000);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS((void)std::make_unique<cg::cuda::process_rank>(cfg, opt),
+                       doctest::Contains("a peer never arrived"), cg::timeout_error);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  // The GPU is still usable afterwards.
+  CHECK(cg::full<float>({4}, 2.f).cuda(0).to_vector() == std::vector<float>(4, 2.f));
 }
 
 TEST_CASE("nccl.failing_rank_aborts_its_peers.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
