@@ -2,6 +2,7 @@
 // CPU backend's results; the seeds' CUDA Graph case. Skipped without a GPU (two-rank cases
 // without two).
 #include <ccgraph/cuda.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
 #include "../../examples/programs.hpp"
@@ -200,6 +201,27 @@ TEST_CASE("gpu_graphs.stable_inputs_are_bound_moved_inputs_copied" * doctest::sk
     CHECK(w.to_vector() == std::vector<float>(24, 0.5f));  // the old binding was not written
     check(x_host, cg::full<float>({8, 3}, 0.5f), exe(x, w));
     CHECK(exe.exec().captured());
+  });
+}
+
+TEST_CASE("gpu_graphs.compile_function_records_one_cuda_graph_per_signature" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  // The seeds' CUDA Graph program compiled per input signature: each new size is traced,
+  // scheduled and recorded once, and every call matches eager on the GPU.
+  cg::cuda::run_gpus(1, [](cg::rank_context& ctx) {
+    const cg::group world = world_ranks(1);
+    auto f = cg::compile_function<cg::bf16>(cudagraph_program(world), ctx,
+                                            {.passes = {"sink_waits", "raise_comms"}, .compile = {.cuda_graph = true}});
+    int call = 0;
+    for (std::int64_t n : {1024, 2048, 1024, 2048, 1024}) {
+      INFO("n " << n << ", call " << call);
+      const auto x = cg::uniform<cg::bf16>({n}, -2, 2, static_cast<std::uint64_t>(++call));
+      CHECK(rel_error(values(f(x)), values(cudagraph_program(world)(x))) < 1e-2);
+    }
+    CHECK(f.signatures() == 2);
+    CHECK(f.traces() == 2);
+    REQUIRE(f.compiled_for({{1024}}) != nullptr);
+    CHECK(f.compiled_for({{1024}})->exec().captured());
+    CHECK(f.compiled_for({{2048}})->exec().captured());
   });
 }
 
