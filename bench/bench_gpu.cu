@@ -216,6 +216,15 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
         auto runner = cg::compile(s, ctx);
         const double gm = time_each_ms([&](int i) { (void)runner(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
         if (r == 0) report(w, "ccgraph_graph" + suffix, gm, "ms");
+        if (suffix.empty()) {
+          // The runner without its memory plan (every value from the caching allocator), and
+          // with it again, so that the pair is measured side by side.
+          auto unplanned = cg::compile(s, ctx, {.memory_plan = false});
+          const double um = time_each_ms([&](int i) { (void)unplanned(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
+          if (r == 0) report(w, "ccgraph_graph_noplan", um, "ms");
+          const double gm2 = time_each_ms([&](int i) { (void)runner(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
+          if (r == 0) report(w, "ccgraph_graph_again", gm2, "ms");
+        }
         auto replayed = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
         const double cm = time_each_ms([&](int i) { (void)replayed(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
         if (r == 0) report(w, "ccgraph_cudagraph" + suffix, cm, "ms");

@@ -225,6 +225,29 @@ TEST_CASE("gpu_graphs.compile_function_records_one_cuda_graph_per_signature" * d
   });
 }
 
+TEST_CASE("gpu_graphs.graph_runner_reuses_its_arena" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  // The graph runner runs over its memory plan on a GPU too: one arena, reused by every call
+  // in stream order, while the outputs the caller keeps live apart and keep their values.
+  cg::cuda::run_gpus(1, [](cg::rank_context& ctx) {
+    const cg::group world = world_ranks(1);
+    auto g = cg::trace(seed_program(world), cg::input<float>({64, 64}));
+    auto exe = cg::compile(cg::schedule(g, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}), ctx);
+    REQUIRE(exe.exec().plan() != nullptr);
+    std::vector<cg::tensor<float>> kept;
+    std::vector<std::vector<double>> want;
+    for (int call = 0; call < 4; ++call) {
+      const auto x = cg::uniform<float>({64, 64}, -1, 1, 70 + static_cast<std::uint64_t>(call)).cuda(0);
+      kept.push_back(exe(x));
+      want.push_back(values(seed_program(world)(x)));
+    }
+    CHECK(exe.exec().arena_allocations() == 1);
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      INFO("call " << i);
+      CHECK(rel_error(values(kept[i]), want[i]) < 1e-5);
+    }
+  });
+}
+
 TEST_CASE("gpu_graphs.cuda_graph_on_a_cpu_rank_is_an_error") {
   cg::run_threads(1, [](cg::rank_context& ctx) {
     auto g = cg::trace([](auto a) { return cg::eval(a + 1.f); }, cg::input<float>({4}));

@@ -35,8 +35,10 @@ struct compile_options {
   bool cuda_graph = false;
   /// Run over a memory plan (cg::plan_memory, made for the graph's order): intermediate values
   /// live at planned offsets of one arena, buffers are reused, and an all_reduce whose input
-  /// dies there reduces in place. CPU ranks only (ignored elsewhere). The arena is reused by
-  /// the next call unless a returned tensor still refers to it.
+  /// dies there reduces in place. On CPU ranks the arena is reused by the next call unless a
+  /// returned tensor still refers to it; on GPUs the outputs get buffers of their own (except
+  /// in a CUDA Graph, which returns them from its arena), so the next call always reuses it,
+  /// in stream order.
   bool memory_plan = true;
   /// With cuda_graph: return the graph's own output buffers, which the next call overwrites
   /// (no copy per call, like torch.compile's "reduce-overhead"); otherwise each call returns
@@ -167,9 +169,8 @@ class executor {
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
     if (cuda_graph_) captured_ = std::make_shared<std::shared_ptr<detail::captured_graph>>();
-    // On a GPU the caching allocator serves eager runs; a recorded CUDA Graph gets the plan's
-    // one arena instead, so the graph holds no allocation nodes.
-    if (opt.memory_plan && (!ctx.device().is_cuda() || opt.cuda_graph)) {
+    // A recorded CUDA Graph runs in the plan's arena, so it holds no allocation nodes.
+    if (opt.memory_plan) {
       plan_ = plan_memory(g_);
       cache_ = std::make_shared<detail::arena_cache>();
     }
@@ -358,6 +359,9 @@ class executor {
                                     std::shared_ptr<detail::storage> fixed_arena = nullptr) const {
     const auto& nodes = g_.nodes();
     std::shared_ptr<detail::storage> arena = plan_ ? (fixed_arena ? fixed_arena : acquire_arena()) : nullptr;
+    // On a GPU a call's outputs live outside its arena (unless it is a recording's own): no
+    // returned tensor then pins the arena, and the next call reuses it in stream order.
+    const bool outputs_apart = plan_ && !fixed_arena && stream_ordered();
     work_ptr_list works;
     std::vector<std::vector<any_tensor>> env(nodes.size());
     std::vector<any_tensor> results;
@@ -374,8 +378,13 @@ class executor {
       outs.clear();
       if (plan_)
         for (int k = 0; k < n->num_outputs(); ++k)
-          if (const planned_buffer* b = plan_->buffer_at(i, k))
+          if (const planned_buffer* b = plan_->buffer_at(i, k)) {
+            if (outputs_apart && b->is_output) {
+              outs.clear();  // all of a node's results or none: this node allocates its own
+              break;
+            }
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
+          }
       env[i] = run_node(*n, in, inputs, outs, overlapped_[i]);
       if (plan_ && n->is_collective())
         std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
@@ -391,8 +400,14 @@ class executor {
  private:
   using work_ptr_list = std::vector<detail::work_ptr>;
 
+  /// True when the rank's work runs in stream order (a GPU): what a call does is ordered after
+  /// everything the previous call queued, so reusing its memory needs no host wait.
+  bool stream_ordered() const { return ctx_->device().is_cuda(); }
+
   /// The previous call's arena if nothing refers to it any more (after its collectives are
-  /// done: they read and write it on the communication worker), else a new one.
+  /// done: they read and write it on the communication worker), else a new one. On a GPU no
+  /// returned tensor refers to it (outputs live apart), and the backend's own references to a
+  /// collective's buffers end in stream order too, so it is always reused.
   std::shared_ptr<detail::storage> acquire_arena() const {
     std::shared_ptr<detail::storage> arena;
     work_ptr_list works;
@@ -402,7 +417,7 @@ class executor {
       works = std::move(cache_->works);
       // Held only by the cache: no returned tensor refers to it, and the backend released its
       // collectives' buffers (it does so before completing them).
-      if (arena && arena.use_count() != 1) arena.reset();
+      if (arena && !stream_ordered() && arena.use_count() != 1) arena.reset();
     }
     if (arena) {
       try {
