@@ -184,12 +184,7 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
           },
           50, 1000);
       if (r == 0) report("allreduce_4KiB_eager", "ccgraph_eager", eager * 1e3, "us");
-      auto chain = cg::trace(
-          [&](auto x) {
-            for (int i = 0; i < 64; ++i) x = cg::wait_tensor(cg::all_reduce(x, "sum", world));
-            return x;
-          },
-          cg::input<float>({1024}));
+      auto chain = cg::trace(ccgraph::examples::all_reduce_chain(world, 64), cg::input<float>({1024}));
       auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .static_outputs = true});
       (void)exe(xs[0]);
       auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench");

@@ -265,12 +265,7 @@ void programs(int n, const std::vector<std::int64_t>& sizes) {
     }
     {
       auto x = cg::uniform<float>({1024}, -1, 1, 2);
-      auto chain = cg::trace(
-          [&](auto v) {
-            for (int i = 0; i < 64; ++i) v = cg::wait_tensor(cg::all_reduce(v, "sum", world));
-            return v;
-          },
-          cg::input<float>({1024}));
+      auto chain = cg::trace(ccgraph::examples::all_reduce_chain(world, 64), cg::input<float>({1024}));
       auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .static_outputs = true});
       (void)exe(x);
       auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench_gpu_timeline");

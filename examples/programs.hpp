@@ -31,6 +31,15 @@ inline auto tp_mlp(const group& g) {
   };
 }
 
+/// `n` all_reduces over group `g`, each on the previous one's waited result: PERF.md's
+/// per-collective cost in a CUDA Graph ("64 captured").
+inline auto all_reduce_chain(const group& g, int n) {
+  return [g, n](auto x) {
+    for (int i = 0; i < n; ++i) x = wait_tensor(all_reduce(x, "sum", g));
+    return x;
+  };
+}
+
 /// bench_trace's long program over the world group "0", `steps` steps on a 1-element value:
 /// per 16 steps 12 pointwise nodes (relu, mul and add fused), 5 view nodes and one all_reduce
 /// with its wait (19 nodes).

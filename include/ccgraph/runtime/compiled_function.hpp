@@ -1,21 +1,20 @@
 // ccgraph/runtime/compiled_function.hpp: a function compiled once per input signature, as
 // torch.compile recompiles for new shapes. The first call with each set of input shapes traces
 // the function, schedules the graph and compiles it (in CUDA Graph mode it is recorded on that
-// first call and replayed afterwards); later calls with those shapes only run it. Graphs are
-// kept by cg::structural_hash, so equal programs share one compiled graph.
+// first call and replayed afterwards); later calls with those shapes only run it. For one
+// function the input shapes (its element types are fixed) determine the traced program, and so
+// its cg::structural_hash: the shapes are the cache key, which needs no tracing to look up.
 #pragma once
 
 #include <cstddef>
 #include <deque>
 #include <map>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
-#include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/schedule/schedule.hpp>
@@ -32,8 +31,8 @@ struct function_options {
   schedule_options schedule{};
   /// How each graph runs: `.cuda_graph = true` records one CUDA Graph per signature.
   compile_options compile{};
-  /// Most input signatures kept; a new one past it drops the oldest (its graph, and CUDA Graph
-  /// recording, go once no kept signature shares them). At least 1.
+  /// Most input signatures kept; a new one past it drops the oldest (its graph and CUDA Graph
+  /// recording with it). At least 1.
   std::size_t max_signatures = 64;
 };
 
@@ -62,69 +61,41 @@ class compiled_function {
     std::vector<shape_t> key{inputs.shape()...};
     auto it = by_shape_.find(key);
     if (it == by_shape_.end()) it = add(std::move(key), inputs...);
-    return (*it->second)(inputs...);
+    return it->second(inputs...);
   }
 
   /// Input signatures compiled for and kept.
   std::size_t signatures() const noexcept { return by_shape_.size(); }
-  /// Calls that traced the function (one per new signature, counting dropped ones).
+  /// Calls that traced, scheduled and compiled the function (one per new signature, counting
+  /// signatures dropped since).
   std::size_t traces() const noexcept { return traces_; }
-  /// Graphs compiled (signatures whose program equalled a kept one's share its graph).
-  std::size_t compilations() const noexcept { return compilations_; }
   /// The compiled graph of a signature (null if not kept), e.g. to inspect its recording.
   const compiled_type* compiled_for(const std::vector<shape_t>& shapes) const {
     auto it = by_shape_.find(shapes);
-    return it == by_shape_.end() ? nullptr : it->second.get();
+    return it == by_shape_.end() ? nullptr : &it->second;
   }
 
  private:
-  using entry = std::shared_ptr<compiled_type>;
+  using cache = std::map<std::vector<shape_t>, compiled_type>;
 
-  typename std::map<std::vector<shape_t>, entry>::iterator add(std::vector<shape_t> key,
-                                                               const tensor<Ts>&... inputs) {
-    graph_type g = schedule(trace(fn_, input<Ts>(inputs.shape())...), opt_.passes, opt_.schedule);
+  typename cache::iterator add(std::vector<shape_t> key, const tensor<Ts>&... inputs) {
+    const graph_type g = schedule(trace(fn_, input<Ts>(inputs.shape())...), opt_.passes, opt_.schedule);
+    compiled_type compiled(g, *ctx_, opt_.compile);
     ++traces_;
-    const std::uint64_t h = structural_hash(g);
-    entry compiled;
-    if (auto found = by_hash_.find(h); found != by_hash_.end() && same_program(found->second.first, g))
-      compiled = found->second.second.lock();
-    if (!compiled) {
-      compiled = std::make_shared<compiled_type>(g, *ctx_, opt_.compile);
-      ++compilations_;
-      by_hash_[h] = {std::move(g), compiled};
+    if (by_shape_.size() >= opt_.max_signatures) {
+      by_shape_.erase(order_.front());
+      order_.pop_front();
     }
-    if (by_shape_.size() >= opt_.max_signatures) drop_oldest();
     order_.push_back(key);
     return by_shape_.emplace(std::move(key), std::move(compiled)).first;
-  }
-
-  /// A hash match is checked, so that a collision can never run another program.
-  static bool same_program(const graph& a, const graph& b) {
-    if (op_sequence(a) != op_sequence(b)) return false;
-    const auto& na = a.nodes();
-    const auto& nb = b.nodes();
-    for (std::size_t i = 0; i < na.size(); ++i)
-      for (int k = 0; k < na[i]->num_outputs(); ++k)
-        if (!(na[i]->meta(k) == nb[i]->meta(k))) return false;
-    return true;
-  }
-
-  void drop_oldest() {
-    by_shape_.erase(order_.front());
-    order_.pop_front();
-    for (auto it = by_hash_.begin(); it != by_hash_.end();)
-      it = it->second.second.expired() ? by_hash_.erase(it) : std::next(it);
   }
 
   F fn_;
   rank_context* ctx_;
   function_options opt_;
-  std::map<std::vector<shape_t>, entry> by_shape_;
+  cache by_shape_;
   std::deque<std::vector<shape_t>> order_;  // signatures, oldest first
-  // Kept signatures' programs by structural hash (the graph, to confirm a match).
-  std::map<std::uint64_t, std::pair<graph_type, std::weak_ptr<compiled_type>>> by_hash_;
   std::size_t traces_ = 0;
-  std::size_t compilations_ = 0;
 };
 
 /// Compiles `fn` for the rank `ctx` per input signature; Ts are its inputs' element types:

@@ -258,31 +258,29 @@ class executor {
 
   std::vector<any_tensor> replay(const std::vector<any_tensor>& inputs) const {
     detail::captured_graph& cg = **captured_;
-    std::vector<bool> unbind(inputs.size(), false);
+    // First decide, then copy: if a bound input moved, nothing is copied into this recording.
+    std::vector<bool> same(inputs.size()), copied(inputs.size());
     bool moved = false;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       CCGRAPH_CHECK(meta_of(inputs[i]) == meta_of(cg.inputs[i]), "compiled graph: input ", i, " is ",
                     meta_of(inputs[i]).str(), " but the graph was recorded with ", meta_of(cg.inputs[i]).str());
-      if (same_tensor(inputs[i], cg.inputs[i])) {
-        std::visit([](const auto& x) { x.wait(); }, inputs[i]);  // a collective may still write it
-        continue;
-      }
-      if (cg.bound[i]) {
-        unbind[i] = moved = true;
-      } else {
-        detail::copy_any(cg.inputs[i], inputs[i]);
-      }
+      same[i] = same_tensor(inputs[i], cg.inputs[i]);
+      moved = moved || (cg.bound[i] && !same[i]);
+      copied[i] = !(cg.bound[i] && same[i]);
     }
     if (moved) {
       // A bound input was replaced: this call runs eagerly, and the graph is recorded again
       // with static buffers for the inputs that moved (once per input; later calls replay).
-      const detail::device_runtime& rt = detail::require_device_runtime("compiled graph", cg.dev);
-      std::vector<bool> copied(inputs.size());
-      for (std::size_t i = 0; i < inputs.size(); ++i) copied[i] = !cg.bound[i] || unbind[i];
       auto results = interpret(inputs);
-      rt.synchronize(cg.dev);  // the old recording may still be running: it goes next
+      detail::require_device_runtime("compiled graph", cg.dev).synchronize(cg.dev);  // the old recording goes next
       capture(inputs, copied);
       return results;
+    }
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (same[i])
+        std::visit([](const auto& x) { x.wait(); }, inputs[i]);  // a collective may still write it
+      else
+        detail::copy_any(cg.inputs[i], inputs[i]);
     }
     detail::require_device_runtime("compiled graph", cg.dev).replay(cg.dev, cg.handle);
     if (static_outputs_) return cg.outputs;
