@@ -85,6 +85,30 @@ double time_loop_ms(F&& step, int warmup, int iters) {
   return median(reps);
 }
 
+/// Milliseconds per step of each of `steps` as time_loop_ms measures them, in turns (one loop
+/// of each per round, 7 rounds, medians): host-bound loops drift by tens of percent within a
+/// run, so only loops timed side by side compare.
+std::vector<double> time_loops_interleaved_ms(const std::vector<std::function<void(int)>>& steps, int warmup,
+                                              int iters) {
+  cudaStream_t s = cg::cuda::current_stream();
+  for (auto& f : steps)
+    for (int i = 0; i < warmup; ++i) f(i);
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<std::vector<double>> reps(steps.size());
+  for (int r = 0; r < 7; ++r)
+    for (std::size_t v = 0; v < steps.size(); ++v) {
+      auto a = cg::cuda::event::timed(), b = cg::cuda::event::timed();
+      a.record(s);
+      for (int i = 0; i < iters; ++i) steps[v](i);
+      b.record(s);
+      CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+      reps[v].push_back(cg::cuda::elapsed_ms(a, b) / iters);
+    }
+  std::vector<double> out;
+  for (auto& v : reps) out.push_back(median(v));
+  return out;
+}
+
 double busbw_gbs(double bytes, double ms, int n) { return bytes / (ms * 1e-3) * 2.0 * (n - 1) / n / 1e9; }
 
 const std::vector<std::pair<std::string, std::size_t>> busbw_sizes = {
@@ -122,12 +146,6 @@ void raw_nccl(int n) {
       CCGRAPH_CHECK_CUDA(cudaMalloc(&a, 4096));
       CCGRAPH_CHECK_CUDA(cudaMalloc(&b, 4096));
       CCGRAPH_CHECK_CUDA(cudaMemset(a, 0, 4096));
-      const double eager = time_loop_ms(
-          [&](int i) {
-            CCGRAPH_CHECK_NCCL(ncclAllReduce(i % 2 ? b : a, i % 2 ? a : b, 1024, ncclFloat32, ncclSum, comm.get(), s.get()));
-          },
-          50, 1000);
-      if (r == 0) report("allreduce_4KiB_eager", "raw_nccl", eager * 1e3, "us");
       cudaGraph_t graph = nullptr;
       CCGRAPH_CHECK_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
       for (int i = 0; i < 64; ++i)
@@ -153,6 +171,52 @@ void raw_nccl(int n) {
 using ccgraph::examples::seed_program;
 using ccgraph::examples::tp_mlp;
 
+/// The 4 KiB f32 all_reduce rows on rank `ctx`: an eager loop (each result waited) timed in
+/// turns with the same loop of raw ncclAllReduce calls on a communicator of its own (made from
+/// `raw_id`, on the rank's stream), and a traced chain of 64 replayed as a CUDA Graph. `tag`
+/// is appended to the impl names.
+void small_allreduce(cg::rank_context& ctx, const cg::group& world, const std::string& tag, const ncclUniqueId& raw_id) {
+  std::vector<cg::tensor<float>> xs{cg::uniform<float>({1024}, -1, 1, 2), cg::uniform<float>({1024}, -1, 1, 3)};
+  const cg::cuda::nccl_comm raw = cg::cuda::nccl_comm::init_rank(ctx.world_size(), raw_id, ctx.rank());
+  const cudaStream_t s = cg::cuda::current_stream();
+  const auto out = cg::tensor<float>::empty({1024});
+  const auto ms = time_loops_interleaved_ms(
+      {[&](int i) {
+         CCGRAPH_CHECK_NCCL(ncclAllReduce(xs[static_cast<std::size_t>(i % 2)].data(), out.data(), 1024, ncclFloat32,
+                                          ncclSum, raw.get(), s));
+       },
+       [&](int i) {
+         auto y = cg::all_reduce(xs[static_cast<std::size_t>(i % 2)], "sum", world);
+         y.wait();
+       }},
+      50, 1000);
+  if (ctx.rank() == 0) {
+    report("allreduce_4KiB_eager", "raw_nccl" + tag, ms[0] * 1e3, "us");
+    report("allreduce_4KiB_eager", "ccgraph_eager" + tag, ms[1] * 1e3, "us");
+  }
+  auto chain = cg::trace(ccgraph::examples::all_reduce_chain(world, 64), cg::input<float>({1024}));
+  auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .static_outputs = true});
+  (void)exe(xs[0]);
+  auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench");
+  const double replay = time_loop_ms([&](int) { (void)exe(bound); }, 5, 50);
+  if (ctx.rank() == 0) report("allreduce_4KiB_graph", "ccgraph_cudagraph" + tag, replay / 64 * 1e3, "us");
+}
+
+/// The 4 KiB rows under the placements other than the default (nccl_options::placement):
+/// `_caller` runs eager collectives on the caller's stream too, `_separate` runs even the
+/// recorded chain's on the communication stream (the behaviour before `automatic`).
+void small_allreduce_placements(int n) {
+  const std::pair<cg::cuda::collective_stream, const char*> variants[] = {
+      {cg::cuda::collective_stream::caller, "_caller"}, {cg::cuda::collective_stream::separate, "_separate"}};
+  for (auto [placement, tag] : variants) {
+    cg::cuda::nccl_options o;
+    o.placement = placement;
+    ncclUniqueId id;
+    CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
+    cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) { small_allreduce(ctx, ctx.world(), tag, id); }, o);
+  }
+}
+
 /// Runs the workloads on `n` GPUs with `opt`. `tag` is appended to every impl name; with
 /// `programs_only` only the seed program and the TP MLP run (the overlap variants).
 void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const std::string& tag = "",
@@ -163,6 +227,8 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
   auto report = [&tag](const std::string& w, const std::string& impl, double v, const std::string& unit) {
     ::report(w, impl + tag, v, unit);
   };
+  ncclUniqueId raw_id;
+  CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&raw_id));
   cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) {
     const int r = ctx.rank();
     if (!programs_only) {
@@ -174,23 +240,7 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
       const double ms = time_each_ms([&](int) { cg::all_reduce(x, "sum", world).wait(); }, 3, iters);
       if (r == 0) report("allreduce_busbw_" + name, "ccgraph_eager", busbw_gbs(static_cast<double>(bytes), ms, n), "GB/s");
     }
-    // 4 KiB f32: eager loop (each result waited), and a traced chain of 64 replayed.
-    {
-      std::vector<cg::tensor<float>> xs{cg::uniform<float>({1024}, -1, 1, 2), cg::uniform<float>({1024}, -1, 1, 3)};
-      const double eager = time_loop_ms(
-          [&](int i) {
-            auto y = cg::all_reduce(xs[static_cast<std::size_t>(i % 2)], "sum", world);
-            y.wait();
-          },
-          50, 1000);
-      if (r == 0) report("allreduce_4KiB_eager", "ccgraph_eager", eager * 1e3, "us");
-      auto chain = cg::trace(ccgraph::examples::all_reduce_chain(world, 64), cg::input<float>({1024}));
-      auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .static_outputs = true});
-      (void)exe(xs[0]);
-      auto bound = cg::get_tensor<float>(exe.exec().static_inputs().at(0), "bench");
-      const double replay = time_loop_ms([&](int) { (void)exe(bound); }, 5, 50);
-      if (r == 0) report("allreduce_4KiB_graph", "ccgraph_cudagraph", replay / 64 * 1e3, "us");
-    }
+    small_allreduce(ctx, world, tag, raw_id);
     }
     // The seed overlap program.
     for (std::int64_t size : {std::int64_t{4096}, std::int64_t{8192}}) {
@@ -268,6 +318,7 @@ int main(int argc, char** argv) {
   try {
     raw_nccl(n);
     ccgraph_bench(n, quick);
+    small_allreduce_placements(n);
     // Overlap variants. _smK: every collective capped at K CTAs and GEMMs leaving K SMs free
     // while one runs; _ovK: only the collectives a schedule overlaps with a matmul
     // (nccl_options::overlap_sms), so eager and unoverlapped ones keep NCCL's full width.

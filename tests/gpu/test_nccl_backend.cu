@@ -6,8 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include "../../examples/programs.hpp"
 #include "gpu_test.hpp"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -375,7 +377,132 @@ void overlapped_case(int n) {
       opt);
 }
 
+/// Collectives this rank launched on its communication stream ([0]) and the caller's ([1]).
+std::array<std::uint64_t, 2> launched(cg::rank_context& ctx) {
+  auto* r = dynamic_cast<cg::cuda::detail::nccl_rank*>(&ctx.comm());
+  REQUIRE(r != nullptr);
+  return r->launched();
+}
+
+/// Where collectives run (nccl_options::placement), on n ranks. `automatic` runs a compiled
+/// graph's collectives that overlap nothing on the caller's stream and the others (and eager
+/// ones) on the communication stream; `caller` runs all on the caller's stream, `separate` none.
+/// Every placement gives the exact results in eager, graph runner and CUDA Graph modes.
+void placement_case(int n, cg::cuda::collective_stream placement) {
+  using cs = cg::cuda::collective_stream;
+  cg::cuda::nccl_options opt;
+  opt.placement = placement;
+  cg::cuda::run_gpus(
+      n,
+      [&](cg::rank_context& ctx) {
+        const cg::group world = ctx.world();
+        const int k = 4;
+        const auto x = cg::full<float>({1000}, static_cast<float>(ctx.rank() + 1));
+        const float sum = static_cast<float>(n * (n + 1) / 2);
+        auto before = launched(ctx);
+        auto moved = [&](std::uint64_t comm, std::uint64_t caller) {
+          const auto now = launched(ctx);
+          CHECK(now[0] - before[0] == comm);
+          CHECK(now[1] - before[1] == caller);
+          before = now;
+        };
+        // Eager: the caller may overlap anything with it.
+        auto y = cg::all_reduce(x, "sum", world);
+        CHECK(y.to_vector() == std::vector<float>(1000, sum));
+        moved(placement == cs::caller ? 0 : 1, placement == cs::caller ? 1 : 0);
+        // An eager one on the caller's stream, waited on another stream.
+        {
+          auto z = cg::all_reduce(cg::full<float>({1 << 20}, 1.f), "sum", world);
+          cg::cuda::stream other(cudaStreamNonBlocking);
+          cg::cuda::stream_guard on(other.get());
+          z.wait();
+          CHECK(z.to_vector() == std::vector<float>(std::size_t{1} << 20, static_cast<float>(n)));
+          moved(placement == cs::caller ? 0 : 1, placement == cs::caller ? 1 : 0);
+        }
+        // A chain of collectives, each waited at once: nothing overlaps them.
+        const auto chain = cg::trace(cg::examples::all_reduce_chain(world, k), cg::input<float>({1000}));
+        float want = sum;
+        for (int i = 1; i < k; ++i) want *= static_cast<float>(n);
+        const bool inline_chain = placement != cs::separate;
+        for (bool replay : {false, true}) {
+          auto run = cg::compile(chain, ctx, {.cuda_graph = replay});
+          for (int call = 0; call < 3; ++call) CHECK(run(x).to_vector() == std::vector<float>(1000, want));
+          // The graph runner launches per call; in CUDA Graph mode the first call runs once
+          // and records, and the others replay.
+          const std::uint64_t per = replay ? 2 : 3;
+          moved(inline_chain ? 0 : per * k, inline_chain ? per * k : 0);
+        }
+        // Many of both kinds in turns, results kept: the backend drops finished collectives of
+        // two streams in batches (nccl_rank::reap), and an input dropped right after its launch
+        // is not reused before the collective ran.
+        {
+          auto run = cg::compile(chain, ctx);
+          std::vector<cg::tensor<float>> kept;
+          for (int i = 0; i < 40; ++i) {
+            kept.push_back(cg::all_reduce(cg::full<float>({1000}, static_cast<float>(i)), "sum", world));
+            kept.push_back(run(cg::full<float>({1000}, static_cast<float>(ctx.rank() + 1))));
+          }
+          for (int i = 0; i < 40; ++i) {
+            CHECK(kept[2 * static_cast<std::size_t>(i)].to_vector() ==
+                  std::vector<float>(1000, static_cast<float>(i * n)));
+            CHECK(kept[2 * static_cast<std::size_t>(i) + 1].to_vector() == std::vector<float>(1000, want));
+          }
+          moved(placement == cs::caller ? (inline_chain ? 0 : 40 * k) : 40 + (inline_chain ? 0 : 40 * k),
+                (placement == cs::caller ? 40 : 0) + (inline_chain ? 40 * k : 0));
+        }
+        // A collective the schedule overlaps with a matmul.
+        auto program = [&](auto a) {
+          auto ar = cg::all_reduce(a, "sum", world);
+          auto m = cg::matmul(a, a);
+          return cg::eval(cg::wait_tensor(ar) + m);
+        };
+        const auto a = cg::uniform<float>({64, 64}, -1, 1, 3 + static_cast<std::uint64_t>(ctx.rank()));
+        const auto eager = program(a).to_vector();
+        before = launched(ctx);
+        auto s = cg::schedule(cg::trace(program, cg::input<float>({64, 64})), {"sink_waits", "raise_comms"});
+        for (bool replay : {false, true}) {
+          auto run = cg::compile(s, ctx, {.cuda_graph = replay});
+          for (int call = 0; call < 3; ++call) {
+            const auto got = run(a).to_vector();
+            REQUIRE(got.size() == eager.size());
+            for (std::size_t i = 0; i < got.size(); ++i)
+              CHECK(std::fabs(got[i] - eager[i]) <= 1e-4f * (1.f + std::fabs(eager[i])));
+          }
+          const std::uint64_t per = replay ? 2 : 3;
+          moved(placement == cs::caller ? 0 : per, placement == cs::caller ? per : 0);
+        }
+        CHECK(cg::cuda::detail::gemm_sm_carveout() == 0);
+      },
+      opt);
+}
+
 }  // namespace
+
+GPU_TEST_CASE("nccl.collective_stream_placement.1_gpu") {
+  for (auto p : {cg::cuda::collective_stream::automatic, cg::cuda::collective_stream::caller,
+                 cg::cuda::collective_stream::separate}) {
+    CAPTURE(static_cast<int>(p));
+    placement_case(1, p);
+  }
+}
+GPUS_TEST_CASE("nccl.collective_stream_placement.2_gpus", 2) {
+  for (auto p : {cg::cuda::collective_stream::automatic, cg::cuda::collective_stream::caller,
+                 cg::cuda::collective_stream::separate}) {
+    CAPTURE(static_cast<int>(p));
+    placement_case(2, p);
+  }
+}
+
+TEST_CASE("nccl.collective_stream_from_the_environment") {
+  // No GPU needed: the option's default reads $CCGRAPH_COLLECTIVE_STREAM.
+  ::setenv("CCGRAPH_COLLECTIVE_STREAM", "caller", 1);
+  CHECK(cg::cuda::nccl_options{}.placement == cg::cuda::collective_stream::caller);
+  ::setenv("CCGRAPH_COLLECTIVE_STREAM", "sideways", 1);
+  CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{}, doctest::Contains("CCGRAPH_COLLECTIVE_STREAM is \"sideways\""),
+                       cg::error);
+  ::unsetenv("CCGRAPH_COLLECTIVE_STREAM");
+  CHECK(cg::cuda::nccl_options{}.placement == cg::cuda::collective_stream::automatic);
+}
 
 GPU_TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.1_gpu") { gemm_carveout_case(1); }
 GPUS_TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus", 2) { gemm_carveout_case(2); }

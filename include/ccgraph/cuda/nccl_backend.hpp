@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -42,6 +44,21 @@
 
 namespace ccgraph::cuda {
 
+/// Which stream a rank's collectives run on.
+enum class collective_stream : std::uint8_t {
+  /// Always the rank's communication stream, ordered after the caller's stream by an event
+  /// and joined back at the wait (PyTorch's c10d does the same): anything may overlap them.
+  separate,
+  /// The caller's stream for collectives a compiled graph's schedule overlaps with nothing
+  /// (collective_request::overlap is `none`), which saves the two cross-stream hops (host
+  /// calls eagerly, graph edges in a CUDA Graph); the communication stream for the others
+  /// and for eager calls. The default.
+  automatic,
+  /// Always the caller's stream: no collective overlaps compute, and none pays for the hops.
+  /// For latency-bound loops of small collectives (a decode step's all_reduces).
+  caller,
+};
+
 /// Options of the nccl backend.
 struct nccl_options {
   /// How long a rank waits for its peers (communicator set-up, and any blocking wait on a
@@ -58,14 +75,30 @@ struct nccl_options {
   /// GEMM fills; 0 for none. Defaults to $CCGRAPH_GEMM_SM_CARVEOUT, else 0.
   int gemm_sm_carveout = default_gemm_sm_carveout();
 
+  /// Which stream collectives run on. Defaults to $CCGRAPH_COLLECTIVE_STREAM (`separate`,
+  /// `automatic` or `caller`), else `automatic`.
+  collective_stream placement = default_placement();
+
   /// For collectives a compiled graph's schedule overlaps with a matmul (see
-  /// collective_request::overlapped): the most SMs they may use (a second communicator per
+  /// collective_request::overlap): the most SMs they may use (a second communicator per
   /// group, capped at this many CTAs), and the SMs GEMMs leave free while one runs. 0 (the
   /// default, or $CCGRAPH_OVERLAP_SMS) treats them like any other collective.
   int overlap_sms = env_int("CCGRAPH_OVERLAP_SMS");
 
   /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
   static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
+
+  /// $CCGRAPH_COLLECTIVE_STREAM if it names a collective_stream, else `automatic`; any other
+  /// value is an error naming it.
+  static collective_stream default_placement() {
+    const char* v = std::getenv("CCGRAPH_COLLECTIVE_STREAM");
+    const std::string_view s = v ? v : "";
+    if (s.empty() || s == "automatic") return collective_stream::automatic;
+    if (s == "separate") return collective_stream::separate;
+    if (s == "caller") return collective_stream::caller;
+    CCGRAPH_THROW(::ccgraph::error, "nccl_options: CCGRAPH_COLLECTIVE_STREAM is \"", s,
+                  "\"; expected separate, automatic or caller");
+  }
 
   /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
   static int default_gemm_sm_carveout() { return env_int("CCGRAPH_GEMM_SM_CARVEOUT"); }
@@ -296,13 +329,16 @@ inline const bool nccl_connect_at_setup = [] {
 class nccl_rank;
 
 /// Completion of one collective on the nccl backend. Waiting enqueues a wait for its event on
-/// the calling thread's stream (the host does not block) and releases the buffers the
-/// collective used: any later free on that stream is ordered after the collective.
+/// the calling thread's stream (the host does not block; nothing when the collective ran on
+/// that stream) and releases the buffers the collective used: any later free on that stream is
+/// ordered after the collective.
 class nccl_work final : public ::ccgraph::detail::work {
  public:
+  /// `caller`: the stream it ran on when that was the caller's, else null (the
+  /// communication stream).
   nccl_work(std::shared_ptr<nccl_rank> owner, shared_event done,
-            std::shared_ptr<::ccgraph::detail::collective_request> req, bool capped)
-      : owner_(std::move(owner)), done_(std::move(done)), req_(std::move(req)), capped_(capped) {}
+            std::shared_ptr<::ccgraph::detail::collective_request> req, bool capped, cudaStream_t caller)
+      : owner_(std::move(owner)), done_(std::move(done)), req_(std::move(req)), capped_(capped), caller_(caller) {}
   ~nccl_work() override;
   void wait() const override;
   bool ready() const override {
@@ -315,7 +351,14 @@ class nccl_work final : public ::ccgraph::detail::work {
   shared_event done_;
   mutable std::shared_ptr<::ccgraph::detail::collective_request> req_;
   bool capped_;  // ran on the overlap communicator
+  cudaStream_t caller_;  // the caller's stream it ran on, or null
   mutable std::mutex mu_;
+
+  /// Orders the calling thread's stream after the collective.
+  void order_current() const {
+    const cudaStream_t cur = current_stream();
+    if (cur != caller_) CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(cur, done_.get(), 0));
+  }
 };
 
 /// One rank's endpoint on the nccl backend: its world communicator, sub-communicators made on
@@ -432,18 +475,23 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     return o;
   }
 
-  /// Starts `req` on the communication stream after the work already queued on the calling
-  /// thread's stream (which produced its inputs).
+  /// Starts `req` after the work already queued on the calling thread's stream (which produced
+  /// its inputs): on the communication stream, or on the calling thread's own stream where
+  /// nccl_options::placement says so.
   ::ccgraph::detail::work_ptr launch(std::shared_ptr<::ccgraph::detail::collective_request> req) override {
     fail_if_aborted();
     req->rank = rank_;
     const char* what = std::visit([](const auto& o) { return o.name.data(); }, req->op);
-    const bool capped = req->overlapped && opt_.overlap_sms > 0;
+    const bool on_caller = opt_.placement == collective_stream::caller ||
+                           (opt_.placement == collective_stream::automatic &&
+                            req->overlap == ::ccgraph::detail::overlap_hint::none);
+    const bool capped = !on_caller && req->overlapped() && opt_.overlap_sms > 0;
     ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition)
                           : comm_for(req->group.ranks, req->group.partition);
     const cudaStream_t producer = current_stream();
+    const cudaStream_t s = on_caller ? producer : comm_stream();
     const bool in_capture = capturing();
-    if (!in_capture || !ordered_after(comm_stream(), producer)) {
+    if (!on_caller && (!in_capture || !ordered_after(comm_stream(), producer))) {
       CCGRAPH_CHECK_CUDA(cudaEventRecord(ready_.get(), producer));
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready_.get(), 0));
     }
@@ -456,7 +504,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
     ncclResult_t r = ncclSuccess;
     try {
-      issue(*req, c, what);
+      issue(*req, c, s, what);
     } catch (...) {
       if (grouped) (void)ncclGroupEnd();
       throw;
@@ -464,12 +512,19 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (grouped) r = ncclGroupEnd();
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
     if (r == ncclInProgress) settle(c, what);
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream()));
+    CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), s));
     if (!in_capture) track(done, req);
+    ++launched_[on_caller];
+    if (on_caller)  // it runs before anything the caller queues next: no GEMM runs beside it
+      return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), false, s);
     ++unjoined_[capped];
     update_carveout();
-    return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), capped);
+    return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), capped, nullptr);
   }
+
+  /// Collectives this rank launched on its communication stream ([0]) and on the caller's
+  /// stream ([1]), recorded ones counted when recorded.
+  std::array<std::uint64_t, 2> launched() const { return {launched_[0], launched_[1]}; }
 
   /// The calling thread's stream waits for everything launched on the communication stream.
   /// While recording a CUDA Graph that launched no collective, the communication stream is not
@@ -654,9 +709,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
   }
 
-  /// Enqueues the NCCL calls of `req` (inside a group when there are several).
-  void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, const char* what) {
-    const cudaStream_t s = comm_stream();
+  /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several).
+  void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, cudaStream_t s, const char* what) {
     auto numel = [](const ::ccgraph::detail::buffer& b) { return static_cast<std::size_t>(numel_of(b.meta.shape)); };
     auto ptr = [](const ::ccgraph::detail::buffer& b) {
       return static_cast<void*>(static_cast<char*>(b.st ? b.st->data() : nullptr) +
@@ -733,7 +787,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::string local_failure_;
   wait_watchdog watchdog_;
   std::vector<int> world_ranks_ = all_ranks(world_size_);  // the world communicator's key
-  int unjoined_[2] = {0, 0};  // collectives launched and not yet waited ([1]: overlapped ones)
+  int unjoined_[2] = {0, 0};  // on the communication stream, not yet waited ([1]: capped ones)
+  std::uint64_t launched_[2] = {0, 0};  // see launched()
 
   /// The SMs this thread's GEMMs leave free: to the collectives still running.
   void update_carveout() noexcept {
@@ -745,15 +800,15 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
 
 inline nccl_work::~nccl_work() {
   if (!req_) return;
-  (void)cudaStreamWaitEvent(current_stream(), done_.get(), 0);
-  owner_->joined_one(capped_);
+  if (current_stream() != caller_) (void)cudaStreamWaitEvent(current_stream(), done_.get(), 0);
+  if (!caller_) owner_->joined_one(capped_);
 }
 
 inline void nccl_work::wait() const {
   std::lock_guard lk(mu_);
   owner_->fail_if_aborted();
-  CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), done_.get(), 0));
-  if (req_) owner_->joined_one(capped_);
+  order_current();
+  if (req_ && !caller_) owner_->joined_one(capped_);
   req_.reset();  // later frees on this stream come after the collective
 }
 

@@ -35,15 +35,15 @@ buffer to_buffer(const tensor<T>& t) {
 /// issue order. With `into` (one contiguous tensor per op output, of the inferred shapes: the
 /// executor's planned buffers) the results are written there instead of into new tensors; an
 /// output may share its bytes with its own input (an in-place all_reduce), which every backend
-/// supports. `overlapped`: see collective_request::overlapped.
+/// supports. `overlap`: see collective_request::overlap.
 template <class T>
 std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, ops::collective_op op,
                                          group_info gi, const std::vector<tensor<T>>& inputs,
                                          const std::vector<tensor<T>>* into = nullptr,
-                                         bool overlapped = false) {
+                                         overlap_hint overlap = overlap_hint::unknown) {
   auto req = std::make_shared<collective_request>();
   req->group = std::move(gi);
-  req->overlapped = overlapped;
+  req->overlap = overlap;
   std::vector<tensor_meta> metas;
   metas.reserve(inputs.size());
   for (auto& t : inputs) {

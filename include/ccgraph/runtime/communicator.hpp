@@ -40,6 +40,15 @@ struct buffer {
   }
 };
 
+/// What a compiled graph's schedule runs between a collective and its first wait. The graph
+/// runner sets it from the graph, so it is equal on every rank; eager calls cannot know.
+enum class overlap_hint : std::uint8_t {
+  unknown,  ///< an eager call: the caller may overlap anything with it
+  none,     ///< only other collectives and waits: nothing can run beside it
+  compute,  ///< compute, but no matmul
+  matmul,   ///< a matmul
+};
+
 /// One collective as issued by one rank: the op with its attributes, the resolved group, the
 /// (contiguous) inputs and the outputs the backend must fill.
 struct collective_request {
@@ -48,10 +57,13 @@ struct collective_request {
   int rank = 0;  // the issuing (global) rank
   std::vector<buffer> inputs;
   std::vector<buffer> outputs;
-  /// The schedule runs a matmul between this collective and its wait (set by the graph
-  /// runner from the graph, so equal on every rank): a device backend may then run it on
-  /// fewer SMs and make that compute leave SMs to it. Eager calls cannot know and leave it off.
-  bool overlapped = false;
+  /// What runs between this collective and its wait. With `matmul` a device backend may run
+  /// it on fewer SMs and make the matmul leave SMs to it; with `none` it may run it in the
+  /// caller's stream order, as there is nothing for a second stream to overlap.
+  overlap_hint overlap = overlap_hint::unknown;
+
+  /// The schedule overlaps a matmul with this collective.
+  bool overlapped() const { return overlap == overlap_hint::matmul; }
 
   /// Input metas, for messages and matching.
   std::vector<tensor_meta> input_metas() const {

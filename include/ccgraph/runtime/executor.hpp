@@ -133,18 +133,24 @@ struct arena_cache {
   std::size_t allocations = 0;
 };
 
-/// Per position of `g`'s order: true for a collective with a matmul between it and its first
-/// wait (see collective_request::overlapped).
-inline std::vector<bool> overlapped_collectives(const graph& g) {
+/// Per position of `g`'s order, for each collective: what runs between it and its first wait
+/// (see collective_request::overlap); `unknown` for other nodes. Views, collectives and waits
+/// launch no compute; a collective never waited counts everything after it.
+inline std::vector<overlap_hint> collective_overlaps(const graph& g) {
   const auto& nodes = g.nodes();
-  std::vector<bool> out(nodes.size(), false);
+  std::vector<overlap_hint> out(nodes.size(), overlap_hint::unknown);
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     if (!nodes[i]->is_collective()) continue;
     std::size_t first_wait = nodes.size();
     for (const node* u : nodes[i]->users())
       if (u->is_wait()) first_wait = std::min(first_wait, g.position(u));
-    for (std::size_t p = i + 1; p < first_wait && !out[i]; ++p)
-      out[i] = std::holds_alternative<ops::matmul>(nodes[p]->kind());
+    overlap_hint h = overlap_hint::none;
+    for (std::size_t p = i + 1; p < first_wait && h != overlap_hint::matmul; ++p) {
+      const node& n = *nodes[p];
+      if (std::holds_alternative<ops::matmul>(n.kind())) h = overlap_hint::matmul;
+      else if (!n.is_impure() && !n.is_view()) h = overlap_hint::compute;  // views launch nothing
+    }
+    out[i] = h;
   }
   return out;
 }
@@ -164,7 +170,7 @@ class executor {
     last_use_.assign(nodes.size(), 0);
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
-    overlapped_ = detail::overlapped_collectives(g_);
+    overlaps_ = detail::collective_overlaps(g_);
     inputs_ = g_.placeholders();
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
@@ -383,7 +389,7 @@ class executor {
             }
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
           }
-      env[i] = run_node(*n, in, inputs, outs, overlapped_[i]);
+      env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
       if (plan_ && n->is_collective())
         std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
       for (auto& a : n->args()) {
@@ -444,7 +450,7 @@ class executor {
   /// its results are written into.
   std::vector<any_tensor> run_node(const node& n, const std::vector<any_tensor>& in,
                                    const std::vector<any_tensor>& inputs,
-                                   const std::vector<any_tensor>& outs, bool overlapped) const {
+                                   const std::vector<any_tensor>& outs, detail::overlap_hint overlap) const {
     return std::visit(
         [&](const auto& o) -> std::vector<any_tensor> {
           using O = std::decay_t<decltype(o)>;
@@ -463,7 +469,7 @@ class executor {
               for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
               for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
               auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
-                                                      outs.empty() ? nullptr : &into, overlapped);
+                                                      outs.empty() ? nullptr : &into, overlap);
               return std::vector<any_tensor>(res.begin(), res.end());
             });
           } else if constexpr (std::is_same_v<O, ops::pointwise>) {
@@ -545,7 +551,7 @@ class executor {
   // Shared by copies of the executor; set by the first call in cuda_graph mode.
   std::shared_ptr<std::shared_ptr<detail::captured_graph>> captured_;
   std::vector<std::size_t> last_use_;
-  std::vector<bool> overlapped_;  // per position: a collective with a matmul before its wait
+  std::vector<detail::overlap_hint> overlaps_;  // per position: what runs beside a collective
   std::vector<node*> inputs_;
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
