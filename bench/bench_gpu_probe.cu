@@ -8,6 +8,8 @@
 // Prints one table per part.
 #include <ccgraph/cuda.hpp>
 
+#include "../examples/programs.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -44,15 +46,37 @@ double per_step_us(cudaStream_t s, int iters, F&& step) {
   return median(reps);
 }
 
-/// Host microseconds per step (no synchronisation inside the loop).
+/// Host microseconds per step of one loop of `iters` steps (no synchronisation inside it).
 template <class F>
-double host_us(int iters, F&& step) {
+double host_us_once(int iters, F&& step) {
   CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) step(i);
   const auto t1 = std::chrono::steady_clock::now();
   CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+}
+
+/// Host microseconds per step: median of 5 loops after a warm-up loop.
+template <class F>
+double host_us(int iters, F&& step) {
+  (void)host_us_once(iters / 4 + 1, step);
+  std::vector<double> reps;
+  for (int r = 0; r < 5; ++r) reps.push_back(host_us_once(iters, step));
+  return median(reps);
+}
+
+/// Host microseconds per step of each of `steps`, measured in turns (one loop of each per
+/// round, `rounds` rounds, medians): the host's speed drifts by tens of percent within a
+/// run, so only variants timed side by side compare.
+std::vector<double> host_us_interleaved(int iters, int rounds, const std::vector<std::function<void(int)>>& steps) {
+  for (auto& f : steps) (void)host_us_once(iters / 4 + 1, f);
+  std::vector<std::vector<double>> reps(steps.size());
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t v = 0; v < steps.size(); ++v) reps[v].push_back(host_us_once(iters, steps[v]));
+  std::vector<double> out;
+  for (auto& v : reps) out.push_back(median(v));
+  return out;
 }
 
 void row(int rank, const char* what, double v, const char* unit) {
@@ -214,19 +238,34 @@ void overlap(int r, ncclComm_t comm, const std::vector<ncclComm_t>& capped, cons
   for (void* p : {a, c, x, y}) CCGRAPH_CHECK_CUDA(cudaFree(p));
 }
 
-/// Host cost of the pieces of one eager ccgraph all_reduce (what the raw rows above lack).
-void ccgraph_pieces(int world) {
+/// Host cost of the pieces of one eager ccgraph all_reduce (what the raw rows above lack), with
+/// collectives placed by `placement`; `all_rows` adds the rows that do not depend on it.
+void ccgraph_pieces(int world, cc::collective_stream placement, bool all_rows, const ncclUniqueId& raw_id) {
   std::vector<int> all;
   for (int i = 0; i < world; ++i) all.push_back(i);
   const cg::group g = all;
+  cc::nccl_options opt;
+  opt.placement = placement;
   cc::run_gpus(world, [&](cg::rank_context& ctx) {
     const int r = ctx.rank();
     const int iters = 2000;
-    if (r == 0) std::printf("\n| ccgraph eager all_reduce 4 KiB f32, host cost of its pieces | value | unit |\n|---|---:|---|\n");
+    if (r == 0)
+      std::printf("\n| ccgraph eager all_reduce 4 KiB f32, host cost of its pieces (collectives on the %s stream) "
+                  "| value | unit |\n|---|---:|---|\n",
+                  placement == cc::collective_stream::caller ? "caller's" : "communication");
     auto x = cg::uniform<float>({1024}, -1, 1, 5);
     cudaStream_t s = cc::current_stream();
     row(r, "tensor::empty + free (the rank's block cache)", host_us(iters, [&](int) { (void)cg::tensor<float>::empty({1024}); }), "us");
     row(r, "group resolve", host_us(iters, [&](int) { (void)ctx.resolve(g, "probe"); }), "us");
+    {
+      const auto gi = ctx.resolve(g, "probe");
+      const std::vector<cg::tensor_meta> metas{{cg::dtype::f32, {1024}}};
+      row(r, "ops::infer(all_reduce)", host_us(iters, [&](int) {
+            (void)cg::ops::infer(cg::ops::collective_op{cg::ops::all_reduce{cg::reduce_op::sum}}, metas, gi);
+          }), "us");
+      cc::event e;
+      row(r, "host: cudaEventRecord on the rank's stream", host_us(iters, [&](int) { e.record(s); }), "us");
+    }
     row(r, "reduce_op parse \"sum\"", host_us(iters, [&](int) { (void)cg::parse_reduce_op("sum"); }), "us");
     row(r, "all_reduce launch only (result dropped: destructor joins)",
         host_us(iters, [&](int) { (void)cg::all_reduce(x, "sum", g); }), "us");
@@ -270,7 +309,56 @@ void ccgraph_pieces(int world) {
       row(r, "pieces: + backend launch (work dropped)", host_us(iters, [&](int) { (void)nr->launch(request()); }), "us");
       row(r, "pieces: + wait", host_us(iters, [&](int) { nr->launch(request())->wait(); }), "us");
       row(r, "pieces: join hop alone (record + wait)", host_us(iters, [&](int) { nr->join(); }), "us");
+
+      // The eager all_reduce against raw NCCL, timed in turns (see host_us_interleaved). A
+      // request marked overlap_hint::none runs on the caller's stream under the default
+      // placement, so both placements are measured in one run.
+      cc::nccl_comm raw = cc::nccl_comm::init_rank(world, raw_id, r);
+      cc::event ev;
+      const auto gi = ctx.resolve(g, "probe");
+      using hint = cg::detail::overlap_hint;
+      auto request_on = [&](hint h) {
+        auto req = request();
+        req->overlap = h;
+        return req;
+      };
+      const std::vector<std::pair<const char*, std::function<void(int)>>> variants = {
+          {"raw NCCL: ncclAllReduce, own communicator, the rank's stream",
+           [&](int) { CCGRAPH_CHECK_NCCL(ncclAllReduce(x.data(), y.data(), 1024, ncclFloat32, ncclSum, raw.get(), s)); }},
+          {"raw NCCL on ccgraph's communicator, the rank's stream",
+           [&](int) { CCGRAPH_CHECK_NCCL(ncclAllReduce(x.data(), y.data(), 1024, ncclFloat32, ncclSum, c, s)); }},
+          {"raw NCCL on ccgraph's communicator + cudaEventRecord",
+           [&](int) {
+             CCGRAPH_CHECK_NCCL(ncclAllReduce(x.data(), y.data(), 1024, ncclFloat32, ncclSum, c, s));
+             CCGRAPH_CHECK_CUDA(cudaEventRecord(ev.get(), s));
+           }},
+          {"raw NCCL on ccgraph's communicator + the request built and dropped",
+           [&](int) {
+             auto req = request_on(hint::none);
+             CCGRAPH_CHECK_NCCL(ncclAllReduce(req->inputs[0].data<float>(), req->outputs[0].data<float>(), 1024,
+                                              ncclFloat32, ncclSum, c, s));
+           }},
+          {"backend launch + wait, caller's stream (request built)",
+           [&](int) { nr->launch(request_on(hint::none))->wait(); }},
+          {"launch_collective + wait, caller's stream",
+           [&](int) {
+             cg::detail::launch_collective<float>(ctx, "all_reduce", cg::ops::all_reduce{cg::reduce_op::sum}, gi, {x},
+                                                  nullptr, hint::none)
+                 .front()
+                 .wait();
+           }},
+          {"cg::all_reduce + wait (communication stream)", [&](int) { cg::all_reduce(x, "sum", g).wait(); }},
+      };
+      std::vector<std::function<void(int)>> steps;
+      for (auto& v : variants) steps.push_back(v.second);
+      const auto us = host_us_interleaved(1000, 9, steps);
+      if (r == 0) std::printf("| side by side (medians of 9 rounds of 1000 in turns): | | |\n");
+      for (std::size_t v = 0; v < variants.size(); ++v) {
+        row(r, variants[v].first, us[v], "us");
+        if (v > 0) row(r, "  ratio to raw NCCL", us[v] / us[0], "x");
+      }
     }
+    if (!all_rows) return;
     // The seed program's pointwise kernels at N = 8192 bf16, against a device-to-device copy:
     // bytes read and written per microsecond.
     {
@@ -292,12 +380,7 @@ void ccgraph_pieces(int world) {
     // A traced chain of 64 in a CUDA Graph, out of place (no memory plan, so no in-place
     // all_reduce: a 1-rank all_reduce in place would be no work at all): compare with the raw
     // rows "CUDA Graph of 64".
-    auto chain = cg::trace(
-        [&](auto v) {
-          for (int i = 0; i < 64; ++i) v = cg::wait_tensor(cg::all_reduce(v, "sum", g));
-          return v;
-        },
-        cg::input<float>({1024}));
+    auto chain = cg::trace(ccgraph::examples::all_reduce_chain(g, 64), cg::input<float>({1024}));
     for (bool plan : {false, true}) {
       auto exe = cg::compile(chain, ctx, {.cuda_graph = true, .memory_plan = plan, .static_outputs = true});
       (void)exe(x);
@@ -305,7 +388,7 @@ void ccgraph_pieces(int world) {
       row(r, plan ? "ccgraph CUDA Graph of 64, memory plan (in place)" : "ccgraph CUDA Graph of 64, out of place",
           per_step_us(s, 50, [&](int) { (void)exe(bound); }) / 64, "us");
     }
-  });
+  }, opt);
 }
 
 void rank_main(int r, int world, const std::array<ncclUniqueId, 4>& ids, const std::vector<int>& caps) {
@@ -350,6 +433,9 @@ int main() {
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) threads.emplace_back([&ids, &caps, r, world] { rank_main(r, world, ids, caps); });
   for (auto& t : threads) t.join();
-  ccgraph_pieces(world);
+  std::array<ncclUniqueId, 2> raw_ids{};
+  for (auto& id : raw_ids) CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
+  ccgraph_pieces(world, cc::collective_stream::automatic, true, raw_ids[0]);
+  ccgraph_pieces(world, cc::collective_stream::caller, false, raw_ids[1]);
   return 0;
 }
