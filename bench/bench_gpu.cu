@@ -66,6 +66,38 @@ double time_each_ms(F&& step, int warmup, int iters) {
   return median(ms);
 }
 
+/// Median milliseconds of each of `steps` on the current stream, per-call events, the steps
+/// called in turns (one call of each per round, `iters` rounds): the GPU's clocks drift with
+/// its temperature by several percent within a run (the same GEMM took 4-11% longer in a later
+/// mode, and the same mode 3.5% longer timed again), so only modes timed side by side compare.
+std::vector<double> time_each_interleaved_ms(const std::vector<std::function<void(int)>>& steps, int warmup,
+                                             int iters) {
+  for (int i = 0; i < warmup; ++i)
+    for (auto& f : steps) f(i);
+  cudaStream_t s = cg::cuda::current_stream();
+  std::vector<std::vector<cg::cuda::event>> before(steps.size()), after(steps.size());
+  for (std::size_t v = 0; v < steps.size(); ++v)
+    for (int i = 0; i < iters; ++i) {
+      before[v].push_back(cg::cuda::event::timed());
+      after[v].push_back(cg::cuda::event::timed());
+    }
+  for (int i = 0; i < iters; ++i)
+    for (std::size_t v = 0; v < steps.size(); ++v) {
+      before[v][static_cast<std::size_t>(i)].record(s);
+      steps[v](i);
+      after[v][static_cast<std::size_t>(i)].record(s);
+    }
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> out;
+  for (std::size_t v = 0; v < steps.size(); ++v) {
+    std::vector<double> ms;
+    for (int i = 0; i < iters; ++i)
+      ms.push_back(cg::cuda::elapsed_ms(before[v][static_cast<std::size_t>(i)], after[v][static_cast<std::size_t>(i)]));
+    out.push_back(median(ms));
+  }
+  return out;
+}
+
 /// Milliseconds per step of a loop of `iters` steps (host issue included): for small ops,
 /// whose cost is the launch path.
 template <class F>
@@ -249,31 +281,31 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
           cg::uniform<cg::bf16>({size, size}, -1, 1, 10 + static_cast<std::uint64_t>(r)),
           cg::uniform<cg::bf16>({size, size}, -1, 1, 20 + static_cast<std::uint64_t>(r))};
       const int iters = quick ? 5 : 20;
-      auto eager_ms = time_each_ms([&](int i) { (void)seed_program(world)(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
-      if (r == 0) report(w, "ccgraph_eager", eager_ms, "ms");
+      auto pick = [&](int i) -> const cg::tensor<cg::bf16>& { return in[static_cast<std::size_t>(i % 2)]; };
       cg::schedule_options opt;
       opt.model = cg::cost_model(cg::device_spec::h200());
       auto g = cg::trace(seed_program(world), cg::input<cg::bf16>({size, size}));
-      const std::vector<std::pair<std::string, std::vector<std::string>>> schedules = {
-          {"", {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}}, {"_overlap", {"overlap"}}};
-      for (auto& [suffix, passes] : schedules) {
-        auto s = cg::schedule(g, passes, opt);
-        auto runner = cg::compile(s, ctx);
-        const double gm = time_each_ms([&](int i) { (void)runner(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
-        if (r == 0) report(w, "ccgraph_graph" + suffix, gm, "ms");
-        if (suffix.empty()) {
-          // The runner without its memory plan (every value from the caching allocator), and
-          // with it again, so that the pair is measured side by side.
-          auto unplanned = cg::compile(s, ctx, {.memory_plan = false});
-          const double um = time_each_ms([&](int i) { (void)unplanned(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
-          if (r == 0) report(w, "ccgraph_graph_noplan", um, "ms");
-          const double gm2 = time_each_ms([&](int i) { (void)runner(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
-          if (r == 0) report(w, "ccgraph_graph_again", gm2, "ms");
-        }
-        auto replayed = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
-        const double cm = time_each_ms([&](int i) { (void)replayed(in[static_cast<std::size_t>(i % 2)]); }, 3, iters);
-        if (r == 0) report(w, "ccgraph_cudagraph" + suffix, cm, "ms");
-      }
+      auto s = cg::schedule(g, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, opt);
+      auto o = cg::schedule(g, {"overlap"}, opt);
+      auto runner = cg::compile(s, ctx);
+      // The runner without its memory plan: every value from the caching allocator.
+      auto unplanned = cg::compile(s, ctx, {.memory_plan = false});
+      auto replayed = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
+      auto runner_o = cg::compile(o, ctx);
+      auto replayed_o = cg::compile(o, ctx, {.cuda_graph = true, .static_outputs = true});
+      const std::vector<std::pair<std::string, std::function<void(int)>>> modes = {
+          {"ccgraph_eager", [&](int i) { (void)seed_program(world)(pick(i)); }},
+          {"ccgraph_graph", [&](int i) { (void)runner(pick(i)); }},
+          {"ccgraph_graph_noplan", [&](int i) { (void)unplanned(pick(i)); }},
+          {"ccgraph_cudagraph", [&](int i) { (void)replayed(pick(i)); }},
+          {"ccgraph_graph_overlap", [&](int i) { (void)runner_o(pick(i)); }},
+          {"ccgraph_cudagraph_overlap", [&](int i) { (void)replayed_o(pick(i)); }},
+      };
+      std::vector<std::function<void(int)>> steps;
+      for (auto& m : modes) steps.push_back(m.second);
+      const auto ms = time_each_interleaved_ms(steps, 3, iters);
+      for (std::size_t m = 0; m < modes.size(); ++m)
+        if (r == 0) report(w, modes[m].first, ms[m], "ms");
     }
     // The TP MLP, T = H = 8192, 2 ranks' shards of the 4H hidden dim.
     {
@@ -282,22 +314,24 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
       auto w1 = cg::uniform<cg::bf16>({H, F}, -0.02, 0.02, 40 + static_cast<std::uint64_t>(r));
       auto w2 = cg::uniform<cg::bf16>({F, H}, -0.02, 0.02, 50 + static_cast<std::uint64_t>(r));
       const int iters = quick ? 5 : 20;
-      const double em = time_each_ms([&](int) { (void)tp_mlp(world)(x, w1, w2); }, 3, iters);
-      if (r == 0) report("tp_mlp", "ccgraph_eager", em, "ms");
       cg::schedule_options opt;
       opt.model = cg::cost_model(cg::device_spec::h200());
       auto g = cg::trace(tp_mlp(world), cg::input<cg::bf16>({T, H}), cg::input<cg::bf16>({H, F}),
                          cg::input<cg::bf16>({F, H}));
-      auto plain = cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = true});
-      const double pm = time_each_ms([&](int) { (void)plain(x, w1, w2); }, 3, iters);
-      if (r == 0) report("tp_mlp", "ccgraph_cudagraph", pm, "ms");
+      std::vector<std::pair<std::string, decltype(cg::compile(g, ctx))>> compiled;
+      compiled.emplace_back("ccgraph_cudagraph", cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = true}));
       for (int chunks : {2, 4, 8}) {
         opt.decompose_chunks = chunks;
         auto s = cg::schedule(g, {"decompose_matmul_collectives", "overlap"}, opt);
-        auto dec = cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true});
-        const double dm = time_each_ms([&](int) { (void)dec(x, w1, w2); }, 3, iters);
-        if (r == 0) report("tp_mlp", "ccgraph_cudagraph_decomposed" + std::to_string(chunks), dm, "ms");
+        compiled.emplace_back("ccgraph_cudagraph_decomposed" + std::to_string(chunks),
+                              cg::compile(s, ctx, {.cuda_graph = true, .static_outputs = true}));
       }
+      std::vector<std::function<void(int)>> steps = {[&](int) { (void)tp_mlp(world)(x, w1, w2); }};
+      for (auto& c : compiled) steps.push_back([&](int) { (void)c.second(x, w1, w2); });
+      const auto ms = time_each_interleaved_ms(steps, 3, iters);
+      if (r == 0) report("tp_mlp", "ccgraph_eager", ms[0], "ms");
+      for (std::size_t c = 0; c < compiled.size(); ++c)
+        if (r == 0) report("tp_mlp", compiled[c].first, ms[c + 1], "ms");
     }
   }, nopt);
 }

@@ -21,6 +21,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -157,6 +158,7 @@ void trace_steps(const cg::rank_context& ctx, const std::string& title, int step
                  const std::function<void(int)>& step) {
   const bool printer = ctx.rank() == 0;
   for (int i = 0; i < 3; ++i) step(i);  // warm-up: plans, communicators, recordings
+  const int b2b_steps = 2 * steps;
   std::vector<record> last;
   std::vector<summary> sums;
   for (int i = 0; i < steps; ++i) {
@@ -175,13 +177,22 @@ void trace_steps(const cg::rank_context& ctx, const std::string& title, int step
   // The same steps back to back, as the benchmarks run them: the host issues ahead of the
   // GPU, so host gaps between launches are hidden unless the host is the slower side.
   if (printer) (void)take_records();
-  for (int i = 0; i < steps; ++i) step(i);
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < b2b_steps; ++i) step(i);
+  const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
   summary b2b;
+  std::vector<std::string> gaps;  // the idle stretches back to back, with what ended them
   if (printer) {
     std::vector<record> all = take_records(), mine;
     for (record& r : all)
       if (r.device == static_cast<std::uint32_t>(ctx.device().index)) mine.push_back(std::move(r));
-    b2b = summarize(mine);
+    b2b = summarize(mine);  // sorts by start
+    std::uint64_t reach = mine.empty() ? 0 : mine.front().start;
+    for (const record& r : mine) {
+      if (r.start > reach + 20000)
+        gaps.push_back(std::to_string((r.start - reach) / 1000) + " us before " + name_of(r.cat) + ": " + r.name);
+      reach = std::max(reach, r.end);
+    }
   } else {
     CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
   }
@@ -195,11 +206,15 @@ void trace_steps(const cg::rank_context& ctx, const std::string& title, int step
       std::printf(" | %.1f (%d)", s.busy_us[c], s.count[c]);
     std::printf(" |\n");
   }
-  const double per = 1.0 / steps;
-  std::printf("| %d back to back, per step | %.1f | %.1f", steps, b2b.span_us * per, b2b.idle_us * per);
+  const double per = 1.0 / b2b_steps;
+  std::printf("| %d back to back, per step | %.1f | %.1f", b2b_steps, b2b.span_us * per, b2b.idle_us * per);
   for (category c : {category::gemm, category::nccl, category::kernel, category::copy, category::set})
     std::printf(" | %.1f (%.1f)", b2b.busy_us[c] * per, b2b.count[c] * per);
   std::printf(" |\n");
+  std::printf("\nBack to back: the host issued the %d steps in %.1f us (%.1f per step); idle stretches over "
+              "20 us: %zu%s\n",
+              b2b_steps, host_us, host_us / b2b_steps, gaps.size(), gaps.empty() ? "" : ":");
+  for (const auto& g : gaps) std::printf("- %s\n", g.c_str());
   if (!list || last.empty()) return;
   std::map<std::uint32_t, int> streams;  // CUPTI stream ids, numbered in order of appearance
   std::printf("\nKernels of the last step (start and end in us from the step's first record):\n\n| start | end | dur | stream | blocks | what |\n|---:|---:|---:|---:|---:|---|\n");
