@@ -8,6 +8,9 @@ ignored, except that `# ...` comment lines are listed under the table (errors se
 One row per workload, one column per impl present, then:
   best ccgraph        the best ccgraph_* impl of the row (max for GB/s, min for us / ms)
   ccgraph / raw_nccl  GB/s and us rows: best ccgraph / raw_nccl
+A row may carry raw NCCL timed beside a variant, `raw_nccl_<tag>` for `ccgraph_*_<tag>` (the
+host drifts within a run, so bench_gpu times each eager variant in turns with its own raw
+loop): each such impl is then compared with its own raw, and the best is the best ratio.
   ccgraph / torch     us and ms rows: best ccgraph / best torch_*
   target              PERF.md's target for the row: met / MISSED (`-` without data)
 For GB/s higher is better; for us and ms lower is better. Missing values print as `-`, values a
@@ -114,7 +117,7 @@ def fmt_ratio(r):
 
 def impl_columns(impls):
     def family(i):
-        if i == "raw_nccl":
+        if i.startswith("raw_nccl"):
             return 0
         if i.startswith("ccgraph"):
             return 1
@@ -136,15 +139,34 @@ def best(values, unit):
     return v, i
 
 
+def raw_for(impl, row):
+    """The raw NCCL value `impl` compares with: raw_nccl_<tag> for ccgraph_*_<tag>, else raw_nccl."""
+    for key, v in row.items():
+        if key.startswith("raw_nccl_") and impl.endswith("_" + key[len("raw_nccl_"):]):
+            return v
+    return row.get("raw_nccl")
+
+
+def best_cc_of(row, unit):
+    """The best ccgraph impl of a row: by value, or by ratio to its own raw when the row has tagged raws."""
+    cc = [(i, v) for i, v in row.items() if i.startswith("ccgraph")]
+    if not any(i.startswith("raw_nccl_") for i in row) or unit not in ("GB/s", "us"):
+        return best(cc, unit)
+    ratios = [(i, v / raw_for(i, row)) for i, v in cc if ok(v) and ok(raw_for(i, row)) and raw_for(i, row) != 0]
+    _, impl = best(ratios, unit)
+    return (row[impl], impl) if impl else (None, None)
+
+
 def check_target(workload, unit, row, best_cc, best_cc_impl, best_torch):
     t = TARGETS.get(workload)
     if t is None:
         return "-", None
+    impl = best_cc_impl if t["impl"] == "best" else t["impl"]
     value = best_cc if t["impl"] == "best" else row.get(t["impl"])
     if not ok(value):
         return "-", None
     if t["kind"] == "vs_raw":
-        raw = row.get("raw_nccl")
+        raw = raw_for(impl or "", row)
         if not ok(raw) or raw == 0:
             return "-", None
         measured = value / raw
@@ -175,9 +197,9 @@ def build_table(data, units, order):
     for w in workloads:
         unit = units[w]
         row = {i: data[(w, i)] for i in cols if (w, i) in data}
-        best_cc, best_cc_impl = best([(i, v) for i, v in row.items() if i.startswith("ccgraph")], unit)
+        best_cc, best_cc_impl = best_cc_of(row, unit)
         best_torch, _ = best([(i, v) for i, v in row.items() if i.startswith("torch")], unit)
-        raw = row.get("raw_nccl")
+        raw = raw_for(best_cc_impl or "", row)
         vs_raw = vs_torch = None
         if unit in ("GB/s", "us") and ok(best_cc) and ok(raw) and raw != 0:
             vs_raw = best_cc / raw
