@@ -432,6 +432,17 @@ void placement_case(int n, cg::cuda::collective_stream placement) {
           const std::uint64_t per = replay ? 2 : 3;
           moved(inline_chain ? 0 : per * k, inline_chain ? per * k : 0);
         }
+        // A recording replayed while an eager collective of the same communicator is still out:
+        // the replay waits for it first (NCCL orders its own launches, not a replay's kernels).
+        {
+          auto rec = cg::compile(chain, ctx, {.cuda_graph = true});
+          CHECK(rec(x).to_vector() == std::vector<float>(1000, want));  // runs once and records
+          before = launched(ctx);
+          auto out = cg::all_reduce(cg::full<float>({1 << 20}, 2.f), "sum", world);  // not waited
+          for (int call = 0; call < 2; ++call) CHECK(rec(x).to_vector() == std::vector<float>(1000, want));
+          CHECK(out.to_vector() == std::vector<float>(std::size_t{1} << 20, 2.f * static_cast<float>(n)));
+          moved(placement == cs::caller ? 0 : 1, placement == cs::caller ? 1 : 0);
+        }
         // Many of both kinds in turns, results kept: the backend drops finished collectives of
         // two streams in batches (nccl_rank::reap), and an input dropped right after its launch
         // is not reused before the collective ran.

@@ -542,10 +542,16 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaStreamIsCapturing(comm_stream(), &st));
       if (st != cudaStreamCaptureStatusActive) return;
     }
-    if (!in_capture || !ordered_after(current_stream(), comm_stream())) {
+    // Eagerly, nothing to do when this stream joined since the last launch there.
+    const bool joined = !in_capture && joined_stream_ == current_stream() && joined_at_ == launched_[0];
+    if (!joined && (!in_capture || !ordered_after(current_stream(), comm_stream()))) {
       shared_event e = events_->get();
       CCGRAPH_CHECK_CUDA(cudaEventRecord(e.get(), comm_stream()));
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), e.get(), 0));
+    }
+    if (!in_capture) {
+      joined_stream_ = current_stream();
+      joined_at_ = launched_[0];
     }
     unjoined_[0] = unjoined_[1] = 0;
     update_carveout();
@@ -818,6 +824,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::vector<int> world_ranks_ = all_ranks(world_size_);  // the world communicator's key
   int unjoined_[2] = {0, 0};  // on the communication stream, not yet waited ([1]: capped ones)
   std::uint64_t launched_[2] = {0, 0};  // see launched()
+  cudaStream_t joined_stream_ = nullptr;  // the stream the last eager join() ordered ...
+  std::uint64_t joined_at_ = ~std::uint64_t{0};  // ... after this many communication-stream launches
 
   /// The SMs this thread's GEMMs leave free: to the collectives still running.
   void update_carveout() noexcept {

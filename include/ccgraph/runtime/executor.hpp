@@ -171,6 +171,7 @@ class executor {
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
     overlaps_ = detail::collective_overlaps(g_);
+    has_collectives_ = std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return n->is_collective(); });
     inputs_ = g_.placeholders();
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
@@ -288,6 +289,10 @@ class executor {
       else
         detail::copy_any(cg.inputs[i], inputs[i]);
     }
+    // NCCL orders the launches it makes, not a recording's replay: a recorded collective must
+    // not run beside one of the same communicator launched outside it (an eager collective not
+    // yet waited), so the replay waits for those first.
+    if (has_collectives_) ctx_->comm().join();
     detail::require_device_runtime("compiled graph", cg.dev).replay(cg.dev, cg.handle);
     if (static_outputs_) return cg.outputs;
     std::vector<any_tensor> out;
@@ -552,6 +557,7 @@ class executor {
   std::shared_ptr<std::shared_ptr<detail::captured_graph>> captured_;
   std::vector<std::size_t> last_use_;
   std::vector<detail::overlap_hint> overlaps_;  // per position: what runs beside a collective
+  bool has_collectives_ = false;
   std::vector<node*> inputs_;
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
