@@ -47,25 +47,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-/// Median milliseconds of `step()` on the current stream: per-iteration events.
-template <class F>
-double time_each_ms(F&& step, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) step(i);
-  cudaStream_t s = cg::cuda::current_stream();
-  std::vector<cg::cuda::event> ev;
-  for (int i = 0; i <= iters; ++i) ev.push_back(cg::cuda::event::timed());
-  ev[0].record(s);
-  for (int i = 0; i < iters; ++i) {
-    step(i);
-    ev[static_cast<std::size_t>(i) + 1].record(s);
-  }
-  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i)
-    ms.push_back(cg::cuda::elapsed_ms(ev[static_cast<std::size_t>(i)], ev[static_cast<std::size_t>(i) + 1]));
-  return median(ms);
-}
-
 /// Median milliseconds of each of `steps` on the current stream, per-call events, the steps
 /// called in turns (one call of each per round, `iters` rounds): the GPU's clocks drift with
 /// its temperature by several percent within a run (the same GEMM took 4-11% longer in a later
@@ -98,28 +79,10 @@ std::vector<double> time_each_interleaved_ms(const std::vector<std::function<voi
   return out;
 }
 
-/// Milliseconds per step of a loop of `iters` steps (host issue included): for small ops,
-/// whose cost is the launch path.
-template <class F>
-double time_loop_ms(F&& step, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) step(i);
-  cudaStream_t s = cg::cuda::current_stream();
-  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> reps;
-  for (int r = 0; r < 5; ++r) {
-    auto a = cg::cuda::event::timed(), b = cg::cuda::event::timed();
-    a.record(s);
-    for (int i = 0; i < iters; ++i) step(i);
-    b.record(s);
-    CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
-    reps.push_back(cg::cuda::elapsed_ms(a, b) / iters);
-  }
-  return median(reps);
-}
-
-/// Milliseconds per step of each of `steps` as time_loop_ms measures them, in turns (one loop
-/// of each per round, 7 rounds, medians): host-bound loops drift by tens of percent within a
-/// run, so only loops timed side by side compare.
+/// Milliseconds per step of a loop of `iters` steps (host issue included: for small ops, whose
+/// cost is the launch path) for each of `steps`, in turns (one loop of each per round, 7
+/// rounds, medians): host-bound loops drift by tens of percent within a run, so only loops
+/// timed side by side compare.
 std::vector<double> time_loops_interleaved_ms(const std::vector<std::function<void(int)>>& steps, int warmup,
                                               int iters) {
   cudaStream_t s = cg::cuda::current_stream();
@@ -139,6 +102,16 @@ std::vector<double> time_loops_interleaved_ms(const std::vector<std::function<vo
   std::vector<double> out;
   for (auto& v : reps) out.push_back(median(v));
   return out;
+}
+
+/// Median milliseconds of `step` alone, per-call events.
+double time_each_ms(const std::function<void(int)>& step, int warmup, int iters) {
+  return time_each_interleaved_ms({step}, warmup, iters)[0];
+}
+
+/// Milliseconds per step of a loop of `step` alone (see time_loops_interleaved_ms).
+double time_loop_ms(const std::function<void(int)>& step, int warmup, int iters) {
+  return time_loops_interleaved_ms({step}, warmup, iters)[0];
 }
 
 double busbw_gbs(double bytes, double ms, int n) { return bytes / (ms * 1e-3) * 2.0 * (n - 1) / n / 1e9; }

@@ -47,23 +47,13 @@ double per_step_us(cudaStream_t s, int iters, F&& step) {
 }
 
 /// Host microseconds per step of one loop of `iters` steps (no synchronisation inside it).
-template <class F>
-double host_us_once(int iters, F&& step) {
+double host_us_once(int iters, const std::function<void(int)>& step) {
   CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) step(i);
   const auto t1 = std::chrono::steady_clock::now();
   CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
-}
-
-/// Host microseconds per step: median of 5 loops after a warm-up loop.
-template <class F>
-double host_us(int iters, F&& step) {
-  (void)host_us_once(iters / 4 + 1, step);
-  std::vector<double> reps;
-  for (int r = 0; r < 5; ++r) reps.push_back(host_us_once(iters, step));
-  return median(reps);
 }
 
 /// Host microseconds per step of each of `steps`, measured in turns (one loop of each per
@@ -78,6 +68,9 @@ std::vector<double> host_us_interleaved(int iters, int rounds, const std::vector
   for (auto& v : reps) out.push_back(median(v));
   return out;
 }
+
+/// Host microseconds per step of `step` alone: median of 5 loops after a warm-up loop.
+double host_us(int iters, const std::function<void(int)>& step) { return host_us_interleaved(iters, 5, {step})[0]; }
 
 void row(int rank, const char* what, double v, const char* unit) {
   if (rank == 0) std::printf("| %-72s | %10.2f | %s |\n", what, v, unit);

@@ -345,6 +345,34 @@ void gemm_carveout_case(int n) {
       opt);
 }
 
+/// The program whose all_reduce a schedule (sink_waits, raise_comms) overlaps with a matmul,
+/// compiled for the graph runner and as a CUDA Graph, three calls each, against its eager
+/// result on this rank. `after_eager` runs after the eager run, `after_mode(replay)` after each
+/// mode's calls.
+void overlapped_program_matches_eager(cg::rank_context& ctx, const std::function<void()>& after_eager = {},
+                                      const std::function<void(bool)>& after_mode = {}) {
+  const cg::group world = ctx.world();
+  auto program = [&](auto a) {
+    auto ar = cg::all_reduce(a, "sum", world);
+    auto m = cg::matmul(a, a);
+    return cg::eval(cg::wait_tensor(ar) + m);
+  };
+  const auto a = cg::uniform<float>({64, 64}, -1, 1, 3 + static_cast<std::uint64_t>(ctx.rank()));
+  const auto eager = program(a).to_vector();
+  if (after_eager) after_eager();
+  auto s = cg::schedule(cg::trace(program, cg::input<float>({64, 64})), {"sink_waits", "raise_comms"});
+  for (bool replay : {false, true}) {
+    auto run = cg::compile(s, ctx, {.cuda_graph = replay});
+    for (int call = 0; call < 3; ++call) {
+      const auto got = run(a).to_vector();
+      REQUIRE(got.size() == eager.size());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        CHECK(std::fabs(got[i] - eager[i]) <= 1e-4f * (1.f + std::fabs(eager[i])));
+    }
+    if (after_mode) after_mode(replay);
+  }
+}
+
 /// A schedule that runs a matmul before an all_reduce's wait marks it overlapped: with
 /// overlap_sms it runs on the group's capped communicator (split on first use) while GEMMs
 /// leave SMs to it, with the eager results, on n ranks.
@@ -354,24 +382,7 @@ void overlapped_case(int n) {
   cg::cuda::run_gpus(
       n,
       [](cg::rank_context& ctx) {
-        const cg::group world = ctx.world();
-        auto program = [&](auto a) {
-          auto ar = cg::all_reduce(a, "sum", world);
-          auto m = cg::matmul(a, a);
-          return cg::eval(cg::wait_tensor(ar) + m);
-        };
-        const auto a = cg::uniform<float>({64, 64}, -1, 1, 3 + static_cast<std::uint64_t>(ctx.rank()));
-        const auto eager = program(a).to_vector();
-        auto s = cg::schedule(cg::trace(program, cg::input<float>({64, 64})), {"sink_waits", "raise_comms"});
-        for (bool replay : {false, true}) {
-          auto run = cg::compile(s, ctx, {.cuda_graph = replay});
-          for (int call = 0; call < 3; ++call) {
-            const auto got = run(a).to_vector();
-            REQUIRE(got.size() == eager.size());
-            for (std::size_t i = 0; i < got.size(); ++i)
-              CHECK(std::fabs(got[i] - eager[i]) <= 1e-4f * (1.f + std::fabs(eager[i])));
-          }
-        }
+        overlapped_program_matches_eager(ctx);
         CHECK(cg::cuda::detail::gemm_sm_carveout() == 0);  // every collective was waited
       },
       opt);
@@ -462,26 +473,12 @@ void placement_case(int n, cg::cuda::collective_stream placement) {
                 (placement == cs::caller ? 40 : 0) + (inline_chain ? 40 * k : 0));
         }
         // A collective the schedule overlaps with a matmul.
-        auto program = [&](auto a) {
-          auto ar = cg::all_reduce(a, "sum", world);
-          auto m = cg::matmul(a, a);
-          return cg::eval(cg::wait_tensor(ar) + m);
-        };
-        const auto a = cg::uniform<float>({64, 64}, -1, 1, 3 + static_cast<std::uint64_t>(ctx.rank()));
-        const auto eager = program(a).to_vector();
-        before = launched(ctx);
-        auto s = cg::schedule(cg::trace(program, cg::input<float>({64, 64})), {"sink_waits", "raise_comms"});
-        for (bool replay : {false, true}) {
-          auto run = cg::compile(s, ctx, {.cuda_graph = replay});
-          for (int call = 0; call < 3; ++call) {
-            const auto got = run(a).to_vector();
-            REQUIRE(got.size() == eager.size());
-            for (std::size_t i = 0; i < got.size(); ++i)
-              CHECK(std::fabs(got[i] - eager[i]) <= 1e-4f * (1.f + std::fabs(eager[i])));
-          }
-          const std::uint64_t per = replay ? 2 : 3;
-          moved(placement == cs::caller ? 0 : per, placement == cs::caller ? per : 0);
-        }
+        overlapped_program_matches_eager(
+            ctx, [&] { before = launched(ctx); },
+            [&](bool replay) {
+              const std::uint64_t per = replay ? 2 : 3;
+              moved(placement == cs::caller ? 0 : per, placement == cs::caller ? per : 0);
+            });
         CHECK(cg::cuda::detail::gemm_sm_carveout() == 0);
       },
       opt);

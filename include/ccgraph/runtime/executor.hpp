@@ -171,7 +171,8 @@ class executor {
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
     overlaps_ = detail::collective_overlaps(g_);
-    has_collectives_ = std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return n->is_collective(); });
+    has_collectives_ = std::any_of(overlaps_.begin(), overlaps_.end(),
+                                   [](detail::overlap_hint h) { return h != detail::overlap_hint::unknown; });
     inputs_ = g_.placeholders();
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
