@@ -12,12 +12,15 @@
 #include <ccgraph/cuda/graph.hpp>
 #include <ccgraph/cuda/nccl_backend.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
+#include <ccgraph/cuda/peer_channel.hpp>
 #include <ccgraph/cuda/runtime.hpp>
 #include <ccgraph/cuda/stream.hpp>
+#include <ccgraph/cuda/stream_memops.hpp>
 
 // The element-wise kernels are CUDA C++ (__global__ functions): only nvcc can compile them. A
 // translation unit built by a plain C++ compiler still gets the rest of the CUDA backend; its
 // device expressions then fail with an error saying to compile it with nvcc.
 #if defined(__CUDACC__)
+#include <ccgraph/cuda/peer_reduce.cuh>
 #include <ccgraph/cuda/pointwise.cuh>
 #endif

@@ -484,6 +484,77 @@ void placement_case(int n, cg::cuda::collective_stream placement) {
       opt);
 }
 
+/// All_reduces the rank ran on its copy-engine channel.
+std::uint64_t copy_engine_launched(cg::rank_context& ctx) {
+  auto* r = dynamic_cast<cg::cuda::detail::nccl_rank*>(&ctx.comm());
+  REQUIRE(r != nullptr);
+  return r->copy_engine_launched();
+}
+
+/// Every all_reduce of the copy-engine suite, per rank: each reduction of f32, bf16 and f16
+/// (an odd count, so the kernel's tail runs), one misaligned by an element (the kernel's
+/// element-wise path), eight launched before any is waited, growing sizes (the channel grows),
+/// small ones between (NCCL runs those), and a CUDA Graph of an all_reduce overlapped with a
+/// matmul replayed on new inputs. Returns the results and counts the copy-engine launches.
+results copy_engine_suite(cg::rank_context& ctx, std::uint64_t& on_copy_engine) {
+  const cg::group world = ctx.world();
+  const auto seed = [&](std::uint64_t k) { return 100 * k + static_cast<std::uint64_t>(ctx.rank()); };
+  const std::int64_t n = (1 << 19) + 3;  // > 1 MiB in 16-bit types
+  results out;
+  const std::uint64_t before = copy_engine_launched(ctx);
+  std::uint64_t k = 0;
+  for (const char* op : {"sum", "avg", "product", "min", "max"}) {
+    out[std::string("f32 ") + op] = values(cg::all_reduce(cg::uniform<float>({n}, -2, 2, seed(++k)), op, world));
+    out[std::string("bf16 ") + op] = values(cg::all_reduce(cg::uniform<cg::bf16>({n}, -2, 2, seed(++k)), op, world));
+    out[std::string("f16 ") + op] = values(cg::all_reduce(cg::uniform<cg::f16>({n}, -2, 2, seed(++k)), op, world));
+  }
+  {
+    const auto x = cg::uniform<cg::bf16>({n + 1}, -2, 2, seed(++k)).narrow(0, 1, n);
+    out["bf16 misaligned"] = values(cg::all_reduce(x, "sum", world));
+  }
+  {
+    std::vector<cg::tensor<float>> pending;
+    for (int i = 0; i < 8; ++i) {
+      pending.push_back(cg::all_reduce(cg::uniform<float>({n}, -1, 1, seed(++k)), "sum", world));
+      pending.push_back(cg::all_reduce(cg::full<float>({100}, static_cast<float>(i)), "sum", world));
+    }
+    for (std::size_t i = 0; i < pending.size(); ++i) out["pending " + std::to_string(i)] = values(pending[i]);
+  }
+  for (std::int64_t m : {n, 4 * n, 16 * n})
+    out["grown " + std::to_string(m)] = values(cg::all_reduce(cg::uniform<cg::bf16>({m}, -1, 1, seed(++k)), "sum", world));
+  // A schedule that overlaps the all_reduce with a matmul, recorded and replayed.
+  auto program = [&](auto a) {
+    auto ar = cg::all_reduce(a, "sum", world);
+    auto m = cg::matmul(a, a);
+    return cg::eval(cg::wait_tensor(ar) * 0.5f + m);
+  };
+  auto s = cg::schedule(cg::trace(program, cg::input<float>({512, 512})), {"sink_waits", "raise_comms"});
+  for (bool replay : {false, true}) {
+    auto run = cg::compile(s, ctx, {.cuda_graph = replay});
+    for (int call = 0; call < 3; ++call)
+      out["program " + std::to_string(replay) + " " + std::to_string(call)] =
+          values(run(cg::uniform<float>({512, 512}, -1, 1, seed(++k))));
+  }
+  on_copy_engine = copy_engine_launched(ctx) - before;
+  return out;
+}
+
+/// The copy-engine suite under `policy` on two GPUs: per rank, its results and launches.
+std::pair<std::vector<results>, std::vector<std::uint64_t>> copy_engine_run(cg::cuda::copy_engine_all_reduce policy) {
+  cg::cuda::nccl_options opt;
+  opt.copy_engine = policy;
+  std::vector<results> res(2);
+  std::vector<std::uint64_t> launches(2);
+  cg::cuda::run_gpus(
+      2,
+      [&](cg::rank_context& ctx) {
+        const auto r = static_cast<std::size_t>(ctx.rank());
+        res[r] = copy_engine_suite(ctx, launches[r]);
+      },
+      opt);
+  return {res, launches};
+}
+
 }  // namespace
 
 GPU_TEST_CASE("nccl.collective_stream_placement.1_gpu") {
@@ -567,6 +638,106 @@ TEST_CASE("nccl.failing_rank_aborts_its_peers.2_gpus" * doctest::skip(ccgraph_te
                                               throw;
                                             }
                                           }),
+                       "rank one broke", std::runtime_error);
+  CHECK(peer.find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("nccl.copy_engine_all_reduce_policy") {
+  // No GPU needed: the option's default reads $CCGRAPH_COPY_ENGINE_ALL_REDUCE, and which
+  // requests may take the copy engines follows from the request alone.
+  using ce = cg::cuda::copy_engine_all_reduce;
+  ::setenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE", "always", 1);
+  CHECK(cg::cuda::nccl_options{}.copy_engine == ce::always);
+  ::setenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE", "off", 1);
+  CHECK(cg::cuda::nccl_options{}.copy_engine == ce::off);
+  ::setenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE", "sometimes", 1);
+  CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{},
+                       doctest::Contains("CCGRAPH_COPY_ENGINE_ALL_REDUCE is \"sometimes\""), cg::error);
+  ::unsetenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE");
+  cg::cuda::nccl_options opt;
+  CHECK(opt.copy_engine == ce::overlapped);
+
+  using hint = cg::detail::overlap_hint;
+  auto request = [](cg::ops::collective_op op, cg::dtype dt, std::int64_t numel, int ranks, hint h) {
+    cg::detail::collective_request req;
+    req.op = op;
+    for (int r = 0; r < ranks; ++r) req.group.ranks.push_back(r);
+    cg::detail::buffer b;
+    b.meta = {dt, {numel}};
+    req.inputs.push_back(b);
+    req.outputs.push_back(b);
+    req.overlap = h;
+    return req;
+  };
+  const cg::ops::collective_op sum = cg::ops::all_reduce{cg::reduce_op::sum};
+  const std::int64_t mib_f32 = 1 << 18;
+  using cg::cuda::detail::copy_engine_eligible;
+  CHECK(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::matmul)));
+  CHECK(copy_engine_eligible(opt, request(sum, cg::dtype::bf16, 2 * mib_f32, 2, hint::compute)));
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::none)));     // overlaps nothing
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::unknown)));  // eager
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32 - 1, 2, hint::matmul)));  // small
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 4, hint::matmul)));  // four ranks
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::i32, mib_f32, 2, hint::matmul)));  // no kernel
+  CHECK_FALSE(copy_engine_eligible(opt, request(cg::ops::all_reduce{cg::reduce_op::bxor}, cg::dtype::f32, mib_f32, 2,
+                                                hint::matmul)));
+  CHECK_FALSE(copy_engine_eligible(opt, request(cg::ops::all_gather_into_tensor{}, cg::dtype::f32, mib_f32, 2,
+                                                hint::matmul)));
+  opt.copy_engine = ce::always;
+  CHECK(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::unknown)));
+  opt.copy_engine = ce::off;
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::matmul)));
+}
+
+TEST_CASE("nccl.copy_engine_all_reduce_equals_nccl.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  using ce = cg::cuda::copy_engine_all_reduce;
+  const auto [nccl, nccl_launches] = copy_engine_run(ce::off);
+  const auto [copy, copy_launches] = copy_engine_run(ce::always);
+  const auto [sched, sched_launches] = copy_engine_run(ce::overlapped);
+  for (int r = 0; r < 2; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    CAPTURE(r);
+    CHECK(nccl_launches[i] == 0);
+    // always: 15 reductions, the misaligned one, 8 pending, 3 grown, and the program's: 3 in
+    // the graph runner, 4 in CUDA Graph mode (a call runs eagerly and records, twice: the
+    // second call's new input tensor is copied into a static buffer from then on).
+    CHECK(copy_launches[i] == 15 + 1 + 8 + 3 + 3 + 4);
+    CHECK(sched_launches[i] == 3 + 4);  // only the scheduled program's
+    REQUIRE(copy[i].size() == nccl[i].size());
+    for (const auto& [name, want] : nccl[i]) {
+      CAPTURE(name);
+      // Bitwise: the same values NCCL's all_reduce gives, on both ranks.
+      CHECK(copy[i].at(name) == want);
+      CHECK(sched[i].at(name) == want);
+      if (name.rfind("program", 0) != 0) CHECK(copy[i].at(name) == copy[0].at(name));  // (its matmul is the rank's)
+    }
+  }
+}
+
+TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // Rank 1 fails after the channel is set up; rank 0's next all_reduce waits on the copy
+  // engines for data that never comes, until the abort lets its stream drain.
+  cg::cuda::nccl_options opt;
+  opt.copy_engine = cg::cuda::copy_engine_all_reduce::always;
+  std::string peer;
+  std::mutex mu;
+  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(
+                           2,
+                           [&](cg::rank_context& ctx) {
+                             const auto x = cg::ones<float>({1 << 20});
+                             CHECK(cg::all_reduce(x, "sum", ctx.world()).to_vector() ==
+                                   std::vector<float>(std::size_t{1} << 20, 2.f));
+                             CHECK(copy_engine_launched(ctx) == 1);
+                             if (ctx.rank() == 1) throw std::runtime_error("rank one broke");
+                             try {
+                               (void)cg::all_reduce(x, "sum", ctx.world()).to_vector();
+                             } catch (const cg::error& e) {
+                               std::lock_guard lk(mu);
+                               peer = e.what();
+                               throw;
+                             }
+                           },
+                           opt),
                        "rank one broke", std::runtime_error);
   CHECK(peer.find("rank 1") != std::string::npos);
 }

@@ -4,6 +4,8 @@
 // set up non-blocking (from an exchanged id, or split from the world's for a mesh dimension),
 // so a peer that never arrives or dies ends in an error after a timeout (the rank's
 // communicators are aborted), never a hang; collectives run on a blocking child of each.
+// Large all_reduces of two-GPU groups that a schedule overlaps with compute run on the copy
+// engines instead (peer_channel.hpp), which leaves the SMs to the compute.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -32,6 +35,7 @@
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
+#include <ccgraph/cuda/peer_channel.hpp>
 #include <ccgraph/cuda/runtime.hpp>
 #include <ccgraph/cuda/stream.hpp>
 #include <ccgraph/group/group.hpp>
@@ -57,6 +61,19 @@ enum class collective_stream : std::uint8_t {
   /// Always the caller's stream: no collective overlaps compute, and none pays for the hops.
   /// For latency-bound loops of small collectives (a decode step's all_reduces).
   caller,
+};
+
+/// Which all_reduces of two-GPU groups run on the copy engines (see peer_channel.hpp) instead of
+/// NCCL's kernels. Either way every rank gets the same values NCCL's sum gives.
+enum class copy_engine_all_reduce : std::uint8_t {
+  /// None: NCCL runs every collective.
+  off,
+  /// Those a compiled graph's schedule overlaps with compute (collective_request::overlap is
+  /// `compute` or `matmul`), of at least copy_engine_min_bytes: NCCL's kernels would wait for
+  /// SMs the compute holds. The default.
+  overlapped,
+  /// Every one of at least copy_engine_min_bytes, eager calls included.
+  always,
 };
 
 /// Options of the nccl backend.
@@ -85,6 +102,13 @@ struct nccl_options {
   /// default, or $CCGRAPH_OVERLAP_SMS) treats them like any other collective.
   int overlap_sms = env_int("CCGRAPH_OVERLAP_SMS");
 
+  /// Which all_reduces of two-GPU groups with peer access run on the copy engines. Defaults to
+  /// $CCGRAPH_COPY_ENGINE_ALL_REDUCE (`off`, `overlapped` or `always`), else `overlapped`.
+  copy_engine_all_reduce copy_engine = default_copy_engine();
+
+  /// The smallest all_reduce (bytes) `copy_engine` applies to: below it NCCL's latency wins.
+  std::size_t copy_engine_min_bytes = std::size_t{1} << 20;
+
   /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
   static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
 
@@ -98,6 +122,18 @@ struct nccl_options {
     if (s == "caller") return collective_stream::caller;
     CCGRAPH_THROW(::ccgraph::error, "nccl_options: CCGRAPH_COLLECTIVE_STREAM is \"", s,
                   "\"; expected separate, automatic or caller");
+  }
+
+  /// $CCGRAPH_COPY_ENGINE_ALL_REDUCE if it names a copy_engine_all_reduce, else `overlapped`;
+  /// any other value is an error naming it.
+  static copy_engine_all_reduce default_copy_engine() {
+    const char* v = std::getenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE");
+    const std::string_view s = v ? v : "";
+    if (s.empty() || s == "overlapped") return copy_engine_all_reduce::overlapped;
+    if (s == "off") return copy_engine_all_reduce::off;
+    if (s == "always") return copy_engine_all_reduce::always;
+    CCGRAPH_THROW(::ccgraph::error, "nccl_options: CCGRAPH_COPY_ENGINE_ALL_REDUCE is \"", s,
+                  "\"; expected off, overlapped or always");
   }
 
   /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
@@ -142,6 +178,21 @@ inline ncclRedOp_t nccl_redop(reduce_op op, const char* what) {
   }
   CCGRAPH_THROW(::ccgraph::error, what, ": reduce op ", op,
                 " is not supported by NCCL (it has sum, avg, product, min, max)");
+}
+
+/// Whether `req` may run on a copy-engine channel under `opt` (the channel must also exist:
+/// peer access, set-up outside a recording): a single all_reduce of a two-rank group, of a
+/// type and reduction the pair kernel has, large enough, and overlapped as the policy asks.
+inline bool copy_engine_eligible(const nccl_options& opt, const ::ccgraph::detail::collective_request& req) {
+  using ::ccgraph::detail::overlap_hint;
+  if (opt.copy_engine == copy_engine_all_reduce::off) return false;
+  const auto* ar = std::get_if<ops::all_reduce>(&req.op);
+  if (!ar || req.group.size() != 2 || req.inputs.size() != 1 || req.outputs.size() != 1) return false;
+  const tensor_meta& m = req.inputs[0].meta;
+  if (!pair_reduce_supports(m.dtype, ar->op)) return false;
+  if (static_cast<std::size_t>(numel_of(m.shape)) * element_size(m.dtype) < opt.copy_engine_min_bytes) return false;
+  return opt.copy_engine == copy_engine_all_reduce::always || req.overlap == overlap_hint::compute ||
+         req.overlap == overlap_hint::matmul;
 }
 
 /// Where ranks publish and fetch the NCCL unique ids of their communicators: an in-process
@@ -394,6 +445,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       if (c.setup) (void)ncclCommDestroy(c.setup.release());
     }
     comms_.clear();
+    channels_.clear();  // every peer is done: nothing copies into their scratch any more
   }
 
   /// This rank, the world size and its CUDA device.
@@ -485,9 +537,6 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const bool on_caller = opt_.placement == collective_stream::caller ||
                            (opt_.placement == collective_stream::automatic &&
                             req->overlap == ::ccgraph::detail::overlap_hint::none);
-    const bool capped = !on_caller && req->overlapped() && opt_.overlap_sms > 0;
-    ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition)
-                          : comm_for(req->group.ranks, req->group.partition);
     const cudaStream_t producer = current_stream();
     const cudaStream_t s = on_caller ? producer : comm_stream();
     const bool in_capture = capturing();
@@ -495,23 +544,34 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaEventRecord(ready_.get(), producer));
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready_.get(), 0));
     }
+    const peer_channel* ch = copy_engine_eligible(opt_, *req) ? channel_for(*req, s, in_capture) : nullptr;
+    const bool capped = !ch && !on_caller && req->overlapped() && opt_.overlap_sms > 0;
     shared_event done = events_->get();
-    // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
-    // is its own group, without the explicit one's extra host cost.
-    // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
-    const bool grouped = nonblocking_ || req->inputs.size() > 1 ||
-                         std::holds_alternative<ops::all_to_all_single>(req->op);
-    if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
-    ncclResult_t r = ncclSuccess;
-    try {
-      issue(*req, c, s, what);
-    } catch (...) {
-      if (grouped) (void)ncclGroupEnd();
-      throw;
+    if (ch) {
+      const auto& in = req->inputs[0];
+      ch->all_reduce(buffer_ptr(in), buffer_ptr(req->outputs[0]), static_cast<std::size_t>(numel_of(in.meta.shape)),
+                     in.meta.dtype, std::get<ops::all_reduce>(req->op).op, s);
+      ++copy_engine_launched_;
+    } else {
+      ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition)
+                            : comm_for(req->group.ranks, req->group.partition);
+      // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
+      // is its own group, without the explicit one's extra host cost.
+      // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
+      const bool grouped = nonblocking_ || req->inputs.size() > 1 ||
+                           std::holds_alternative<ops::all_to_all_single>(req->op);
+      if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
+      ncclResult_t r = ncclSuccess;
+      try {
+        issue(*req, c, s, what);
+      } catch (...) {
+        if (grouped) (void)ncclGroupEnd();
+        throw;
+      }
+      if (grouped) r = ncclGroupEnd();
+      if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
+      if (r == ncclInProgress) settle(c, what);
     }
-    if (grouped) r = ncclGroupEnd();
-    if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
-    if (r == ncclInProgress) settle(c, what);
     CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), s));
     // On the caller's stream, a free there is ordered after the collective, as after any
     // kernel: the request need not keep its buffers (only what names it in errors), so
@@ -531,6 +591,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Collectives this rank launched on its communication stream ([0]) and on the caller's
   /// stream ([1]), recorded ones counted when recorded.
   std::array<std::uint64_t, 2> launched() const { return {launched_[0], launched_[1]}; }
+
+  /// All_reduces this rank ran on a copy-engine channel (recorded ones counted when recorded).
+  std::uint64_t copy_engine_launched() const { return copy_engine_launched_; }
 
   /// The calling thread's stream waits for everything launched on the communication stream.
   /// While recording a CUDA Graph that launched no collective, the communication stream is not
@@ -574,6 +637,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Tears down every communicator of this rank without waiting for peers: in-flight kernels
   /// end, and later NCCL calls fail. Safe to call more than once.
   void abort_comms() {
+    // First let queued copy-engine all_reduces pass their waits: NCCL's abort frees device
+    // memory, and cudaFree waits for the whole device, a stream stuck on a flag included.
+    release_channels();
     for (auto& [k, c] : comms_) {
       if (c.overlap) (void)ncclCommAbort(c.overlap.release());
       if (c.data) (void)ncclCommAbort(c.data.release());
@@ -744,13 +810,61 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
   }
 
+  /// The address of a buffer's first element.
+  static void* buffer_ptr(const ::ccgraph::detail::buffer& b) {
+    return static_cast<char*>(b.st ? b.st->data() : nullptr) +
+           b.offset * static_cast<std::int64_t>(element_size(b.meta.dtype));
+  }
+
+  /// The copy-engine channel of `req`'s group with room for its input, set up or grown now on
+  /// `s` (both ranks reach this call together: they run the same collectives); null where the
+  /// group has none (then NCCL runs it). Nothing is set up while recording a CUDA Graph: the
+  /// executor's first, eager call makes it, and every rank records alike.
+  const peer_channel* channel_for(const ::ccgraph::detail::collective_request& req, cudaStream_t s, bool in_capture) {
+    const auto& ranks = req.group.ranks;
+    if (no_channel_.count(ranks)) return nullptr;
+    const auto& in = req.inputs[0];
+    const std::size_t bytes = static_cast<std::size_t>(numel_of(in.meta.shape)) * element_size(in.meta.dtype);
+    auto it = channels_.find(ranks);
+    if (it != channels_.end() && it->second->capacity() >= bytes) return it->second.get();
+    if (in_capture) return nullptr;
+    const ncclComm_t c = comm_for(ranks, req.group.partition);
+    device_scope scope(device_);
+    if (it == channels_.end()) {
+      auto ch = peer_channel::open(c, req.group.index_of(rank_), device_, bytes, s);
+      if (!ch) {
+        no_channel_.insert(ranks);
+        return nullptr;
+      }
+      return channels_.emplace(ranks, std::move(ch)).first->second.get();
+    }
+    if (!it->second->reserve(c, bytes, s)) {
+      no_channel_.insert(ranks);
+      return nullptr;
+    }
+    return it->second.get();
+  }
+
+  /// After an abort: lets this rank's queued copy-engine all_reduces pass their waits until its
+  /// streams drain (at most two seconds), so that nothing waits for a peer that is gone.
+  void release_channels() noexcept {
+    if (channels_.empty()) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    const cudaStream_t streams[2] = {comm_stream(), current_stream()};
+    while (true) {
+      for (auto& [k, ch] : channels_) ch->release();
+      bool busy = false;
+      for (cudaStream_t st : streams) busy = busy || cudaStreamQuery(st) == cudaErrorNotReady;
+      (void)cudaGetLastError();
+      if (!busy || std::chrono::steady_clock::now() > until) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
   /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several).
   void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, cudaStream_t s, const char* what) {
     auto numel = [](const ::ccgraph::detail::buffer& b) { return static_cast<std::size_t>(numel_of(b.meta.shape)); };
-    auto ptr = [](const ::ccgraph::detail::buffer& b) {
-      return static_cast<void*>(static_cast<char*>(b.st ? b.st->data() : nullptr) +
-                                b.offset * static_cast<std::int64_t>(element_size(b.meta.dtype)));
-    };
+    auto ptr = [](const ::ccgraph::detail::buffer& b) { return buffer_ptr(b); };
     const int me = req.group.index_of(rank_);
     std::visit(
         [&](const auto& o) {
@@ -812,6 +926,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   event ready_;  // orders the communication stream after the producer; re-recorded per launch
   std::shared_ptr<event_pool> events_;
   std::map<std::vector<int>, comm_pair> comms_;
+  std::map<std::vector<int>, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
+  std::set<std::vector<int>> no_channel_;  // groups whose ranks cannot have one
+  std::uint64_t copy_engine_launched_ = 0;
   std::deque<inflight> inflight_;
   // CCGRAPH_NCCL_NONBLOCKING=1: collectives run on the non-blocking set-up communicators.
   const bool nonblocking_ = [] {
