@@ -312,7 +312,14 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --quick: fewer rounds; --programs: only the seed program and the TP MLP, by default and
+  // with NCCL for every collective (the copy-engine comparison).
+  bool quick = false, programs = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    quick = quick || a == "--quick";
+    programs = programs || a == "--programs";
+  }
   const int n = cg::cuda::device_count();
   if (n < 1) {
     std::cout << "bench_gpu: no CUDA device; nothing to measure\n";
@@ -323,20 +330,25 @@ int main(int argc, char** argv) {
   std::cout << "# bench_gpu on " << n << " x " << prop.name << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR
             << "." << NCCL_PATCH << ", CUDA runtime " << CUDART_VERSION << "\n";
   try {
-    raw_nccl(n);
-    ccgraph_bench(n, quick);
-    small_allreduce_placements(n);
-    // Overlap variants. _smK: every collective capped at K CTAs and GEMMs leaving K SMs free
-    // while one runs; _ovK: only the collectives a schedule overlaps with a matmul
-    // (nccl_options::overlap_sms), so eager and unoverlapped ones keep NCCL's full width.
-    for (int k : {8, 16}) {
-      cg::cuda::nccl_options o;
-      o.max_ctas = k;
-      o.gemm_sm_carveout = k;
-      ccgraph_bench(n, quick, o, "_sm" + std::to_string(k), true);
-      cg::cuda::nccl_options ov;
-      ov.overlap_sms = k;
-      ccgraph_bench(n, quick, ov, "_ov" + std::to_string(k), true);
+    if (!programs) raw_nccl(n);
+    ccgraph_bench(n, quick, {}, "", programs);
+    // _nccl: every collective on NCCL's kernels (no copy-engine all_reduce).
+    cg::cuda::nccl_options nc;
+    nc.copy_engine = cg::cuda::copy_engine_all_reduce::off;
+    ccgraph_bench(n, quick, nc, "_nccl", true);
+    if (!programs) {
+      small_allreduce_placements(n);
+      // Overlap variants. _sm8: every collective capped at 8 CTAs and GEMMs leaving 8 SMs
+      // free while one runs; _ov8: only the collectives a schedule overlaps with a matmul
+      // (nccl_options::overlap_sms), so eager and unoverlapped ones keep NCCL's full width.
+      // Both without the copy-engine all_reduce, which needs neither.
+      cg::cuda::nccl_options o = nc;
+      o.max_ctas = 8;
+      o.gemm_sm_carveout = 8;
+      ccgraph_bench(n, quick, o, "_sm8", true);
+      cg::cuda::nccl_options ov = nc;
+      ov.overlap_sms = 8;
+      ccgraph_bench(n, quick, ov, "_ov8", true);
     }
   } catch (const std::exception& e) {
     std::cerr << "bench_gpu: " << e.what() << '\n';

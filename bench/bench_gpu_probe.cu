@@ -4,14 +4,20 @@
 //   1. per-collective cost of a 4 KiB all_reduce: one stream; the two cross-stream hops
 //      ccgraph's eager path makes; only the join hop; and host-only issue cost;
 //   2. a GEMM beside an all_reduce (the seed program's overlap at N=8192): each alone, both at
-//      once, with cuBLASLt's SM-count target leaving SMs free and NCCL's CTA cap.
+//      once, with cuBLASLt's SM-count target leaving SMs free and NCCL's CTA cap;
+//   3. (`bench_gpu_probe zero_sm`, only this part) the same GEMM beside collectives that take no
+//      SMs: NCCL 2.28's zero-CTA all_gather / all_to_all between symmetric windows, an
+//      all_reduce made of them, and plain peer copies (what the copy-engine all_reduce uses).
 // Prints one table per part.
 #include <ccgraph/cuda.hpp>
+
+#include <cuda_bf16.h>
 
 #include "../examples/programs.hpp"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <cstdio>
@@ -257,6 +263,158 @@ void overlap(int r, ncclComm_t comm, const std::vector<ncclComm_t>& capped, cons
   for (void* p : {a, c, x, y}) CCGRAPH_CHECK_CUDA(cudaFree(p));
 }
 
+/// Sum of the `parts` bf16 slices of `in` (each `n8` groups of 8), in slice order with fp32
+/// accumulation: the local half of an all_reduce made of an all_gather.
+__global__ void sum_slices_bf16(const uint4* in, uint4* out, std::size_t n8, int parts) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n8; i += std::size_t{gridDim.x} * blockDim.x) {
+    float acc[8] = {};
+    for (int p = 0; p < parts; ++p) {
+      const uint4 v = in[p * n8 + i];
+      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        acc[2 * k] += f.x;
+        acc[2 * k + 1] += f.y;
+      }
+    }
+    uint4 o;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&o);
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+    out[i] = o;
+  }
+}
+
+/// The same GEMM beside collectives that take no SMs: NCCL 2.28's copy-engine all_gather and
+/// all_to_all on a zero-CTA communicator, between symmetric windows; an all_reduce made of
+/// a copy into the window, the all_gather and a local sum of the slices.
+void overlap_zero_sm(int r, int world, ncclComm_t comm, ncclComm_t ce) {
+  const std::int64_t n = 8192;
+  const std::size_t bytes = static_cast<std::size_t>(n * n) * 2;
+  cc::stream compute(cudaStreamNonBlocking);
+  int lo = 0, hi = 0;
+  CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  cc::stream comm_s(cudaStreamNonBlocking, hi);
+  cc::stream_guard on(compute.get());
+  void *a = nullptr, *c = nullptr, *x = nullptr, *y = nullptr, *y2 = nullptr;
+  for (void** p : {&a, &c, &x, &y, &y2}) CCGRAPH_CHECK_CUDA(cudaMalloc(p, bytes));
+  {
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(n * n));
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] = static_cast<std::uint16_t>(0x3c00 + ((i + 977 * static_cast<std::size_t>(r)) * 2654435761u >> 20) % 512);
+    for (void* p : {a, x}) CCGRAPH_CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  void *sbuf = nullptr, *rbuf = nullptr;
+  CCGRAPH_CHECK_NCCL(ncclMemAlloc(&sbuf, bytes));
+  CCGRAPH_CHECK_NCCL(ncclMemAlloc(&rbuf, bytes * world));
+  ncclWindow_t sw{}, rw{};
+  CCGRAPH_CHECK_NCCL(ncclCommWindowRegister(ce, sbuf, bytes, &sw, NCCL_WIN_COLL_SYMMETRIC));
+  CCGRAPH_CHECK_NCCL(ncclCommWindowRegister(ce, rbuf, bytes * world, &rw, NCCL_WIN_COLL_SYMMETRIC));
+  CCGRAPH_CHECK_CUDA(cudaMemcpy(sbuf, x, bytes, cudaMemcpyDeviceToDevice));
+  // The other rank's x, for plain peer copies (threads of one process share pointers).
+  static std::atomic<void*> xs[2];
+  void* peer_src = nullptr;
+  if (world == 2) {
+    xs[r].store(x);
+    while (!(peer_src = xs[1 - r].load())) std::this_thread::yield();
+    const cudaError_t pe = cudaDeviceEnablePeerAccess(1 - r, 0);
+    if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) CCGRAPH_CHECK_CUDA(pe);
+    (void)cudaGetLastError();
+  }
+  const cg::device dev = cg::device::cuda(r);
+  cc::event joined;
+  int carve = 0;
+  auto gemm = [&] {
+    cc::detail::gemm_sm_carveout() = carve;
+    cc::detail::gemm(dev, cg::dtype::bf16, n, n, n, a, n, false, a, n, false, c, n);
+    cc::detail::gemm_sm_carveout() = 0;
+  };
+  auto nccl_ar = [&] { CCGRAPH_CHECK_NCCL(ncclAllReduce(x, y2, bytes / 2, ncclBfloat16, ncclSum, comm, comm_s.get())); };
+  auto ce_ag = [&] { CCGRAPH_CHECK_NCCL(ncclAllGather(sbuf, rbuf, bytes / 2, ncclBfloat16, ce, comm_s.get())); };
+  auto ce_a2a = [&] {
+    CCGRAPH_CHECK_NCCL(ncclAlltoAll(sbuf, rbuf, bytes / 2 / static_cast<std::size_t>(world), ncclBfloat16, ce, comm_s.get()));
+  };
+  auto ce_ar = [&] {
+    CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(sbuf, x, bytes, cudaMemcpyDeviceToDevice, comm_s.get()));
+    ce_ag();
+    const std::size_t n8 = bytes / 16;
+    sum_slices_bf16<<<264, 512, 0, comm_s.get()>>>(static_cast<const uint4*>(rbuf), static_cast<uint4*>(y), n8, world);
+    CCGRAPH_CHECK_CUDA(cudaGetLastError());
+  };
+  auto alone = [&](const std::function<void()>& f) {
+    return per_step_us(compute.get(), 10, [&](int) {
+             cc::event s;
+             s.record(compute);
+             comm_s.wait(s);
+             f();
+             joined.record(comm_s);
+             compute.wait(joined);
+           }) / 1e3;
+  };
+  auto beside_gemm = [&](const std::function<void()>& f) {
+    return per_step_us(compute.get(), 10, [&](int) {
+             cc::event s;
+             s.record(compute);
+             comm_s.wait(s);
+             f();
+             gemm();
+             joined.record(comm_s);
+             compute.wait(joined);
+           }) / 1e3;
+  };
+  if (r == 0) std::printf("\n| GEMM 8192^3 bf16 beside zero-SM collectives of 128 MiB bf16 | value | unit |\n|---|---:|---|\n");
+  const double g0 = per_step_us(compute.get(), 10, [&](int) { gemm(); }) / 1e3;
+  row(r, "GEMM alone", g0, "ms");
+  row(r, "NCCL all_reduce alone (default communicator)", alone(nccl_ar), "ms");
+  row(r, "zero-CTA all_gather alone (windows)", alone(ce_ag), "ms");
+  row(r, "zero-CTA all_to_all alone (windows)", alone(ce_a2a), "ms");
+  row(r, "all_reduce = copy in + zero-CTA all_gather + sum, alone", alone(ce_ar), "ms");
+  row(r, "  of which the sum kernel alone", alone([&] {
+        sum_slices_bf16<<<264, 512, 0, comm_s.get()>>>(static_cast<const uint4*>(rbuf), static_cast<uint4*>(y), bytes / 16, world);
+      }), "ms");
+  row(r, "  of which the copy in alone", alone([&] {
+        CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(sbuf, x, bytes, cudaMemcpyDeviceToDevice, comm_s.get()));
+      }), "ms");
+  row(r, "GEMM + NCCL all_reduce (all_reduce first)", beside_gemm(nccl_ar), "ms");
+  row(r, "GEMM + zero-CTA all_gather", beside_gemm(ce_ag), "ms");
+  row(r, "GEMM + zero-CTA all_to_all", beside_gemm(ce_a2a), "ms");
+  row(r, "GEMM + all_reduce by all_gather + sum", beside_gemm(ce_ar), "ms");
+  for (int cv : {1, 4, 16}) {
+    carve = cv;
+    const std::string k = ", GEMM leaves " + std::to_string(cv) + " SMs free";
+    row(r, ("GEMM alone" + k).c_str(), per_step_us(compute.get(), 10, [&](int) { gemm(); }) / 1e3, "ms");
+    row(r, ("GEMM + zero-CTA all_gather" + k).c_str(), beside_gemm(ce_ag), "ms");
+    row(r, ("GEMM + zero-CTA all_to_all" + k).c_str(), beside_gemm(ce_a2a), "ms");
+    row(r, ("GEMM + all_reduce by all_gather + sum" + k).c_str(), beside_gemm(ce_ar), "ms");
+    row(r, ("GEMM + NCCL all_reduce" + k).c_str(), beside_gemm(nccl_ar), "ms");
+  }
+  carve = 0;
+  // A copy of the GEMM's size on the copy engine beside it: does copy-engine traffic alone slow it?
+  row(r, "GEMM + local device copy 128 MiB", beside_gemm([&] {
+        CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(sbuf, x, bytes, cudaMemcpyDeviceToDevice, comm_s.get()));
+      }), "ms");
+  if (world == 2) row(r, "GEMM + peer copy 128 MiB (cudaMemcpyPeerAsync from the other GPU)", beside_gemm([&] {
+        CCGRAPH_CHECK_CUDA(cudaMemcpyPeerAsync(y, r, peer_src, 1 - r, bytes, comm_s.get()));
+      }), "ms");
+  if (world == 2) row(r, "peer copy 128 MiB alone", alone([&] {
+        CCGRAPH_CHECK_CUDA(cudaMemcpyPeerAsync(y, r, peer_src, 1 - r, bytes, comm_s.get()));
+      }), "ms");
+  // Same values as NCCL's all_reduce?
+  nccl_ar();
+  ce_ar();
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(comm_s.get()));
+  std::vector<std::uint16_t> h1(static_cast<std::size_t>(n * n)), h2(h1.size());
+  CCGRAPH_CHECK_CUDA(cudaMemcpy(h1.data(), y, bytes, cudaMemcpyDeviceToHost));
+  CCGRAPH_CHECK_CUDA(cudaMemcpy(h2.data(), y2, bytes, cudaMemcpyDeviceToHost));
+  std::size_t diff = 0;
+  for (std::size_t i = 0; i < h1.size(); ++i) diff += h1[i] != h2[i];
+  row(r, "elements that differ from NCCL's all_reduce", static_cast<double>(diff), "count");
+  CCGRAPH_CHECK_NCCL(ncclCommWindowDeregister(ce, sw));
+  CCGRAPH_CHECK_NCCL(ncclCommWindowDeregister(ce, rw));
+  CCGRAPH_CHECK_NCCL(ncclMemFree(sbuf));
+  CCGRAPH_CHECK_NCCL(ncclMemFree(rbuf));
+  for (void* p : {a, c, x, y, y2}) CCGRAPH_CHECK_CUDA(cudaFree(p));
+}
+
 /// Host cost of the pieces of one eager ccgraph all_reduce (what the raw rows above lack), with
 /// collectives placed by `placement`; `all_rows` adds the rows that do not depend on it.
 void ccgraph_pieces(int world, cc::collective_stream placement, bool all_rows, const ncclUniqueId& raw_id) {
@@ -410,10 +568,19 @@ void ccgraph_pieces(int world, cc::collective_stream placement, bool all_rows, c
   }, opt);
 }
 
-void rank_main(int r, int world, const std::array<ncclUniqueId, 4>& ids, const std::vector<int>& caps) {
+void rank_main(int r, int world, const std::array<ncclUniqueId, 5>& ids, const std::vector<int>& caps, bool zero_sm_only) {
   try {
     CCGRAPH_CHECK_CUDA(cudaSetDevice(r));
     cc::nccl_comm comm = cc::nccl_comm::init_rank(world, ids[0], r);
+    if (zero_sm_only) {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+      ncclComm_t c = nullptr;
+      CCGRAPH_CHECK_NCCL(ncclCommInitRankConfig(&c, world, ids[4], r, &cfg));
+      cc::nccl_comm ce(c);
+      overlap_zero_sm(r, world, comm.get(), ce.get());
+      return;
+    }
     std::vector<cc::nccl_comm> capped_comms;
     std::vector<ncclComm_t> capped;
     for (std::size_t i = 0; i < caps.size(); ++i) {
@@ -434,7 +601,9 @@ void rank_main(int r, int world, const std::array<ncclUniqueId, 4>& ids, const s
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `bench_gpu_probe zero_sm`: only the zero-SM collectives beside a GEMM.
+  const bool zero_sm_only = argc > 1 && std::string(argv[1]) == "zero_sm";
   const int n = cc::device_count();
   if (n < 1) {
     std::printf("bench_gpu_probe: no CUDA device; nothing to measure\n");
@@ -447,11 +616,12 @@ int main() {
               NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
   const std::vector<int> caps = {8, 16, 32};
   // (a std::vector<ncclUniqueId> trips an internal error of nvcc 13's front end)
-  std::array<ncclUniqueId, 4> ids{};
+  std::array<ncclUniqueId, 5> ids{};
   for (auto& id : ids) CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
   std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back([&ids, &caps, r, world] { rank_main(r, world, ids, caps); });
+  for (int r = 0; r < world; ++r) threads.emplace_back([&ids, &caps, r, world, zero_sm_only] { rank_main(r, world, ids, caps, zero_sm_only); });
   for (auto& t : threads) t.join();
+  if (zero_sm_only) return 0;
   std::array<ncclUniqueId, 2> raw_ids{};
   for (auto& id : raw_ids) CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
   ccgraph_pieces(world, cc::collective_stream::automatic, true, raw_ids[0]);

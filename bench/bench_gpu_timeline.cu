@@ -109,6 +109,12 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
       got.push_back({category::copy, "copy " + std::to_string(m->bytes >> 10) + " KiB (kind " +
                                          std::to_string(m->copyKind) + ")",
                      m->deviceId, m->streamId, m->start, m->end});
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMCPY2) {  // between GPUs (the copy-engine all_reduce)
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(a);
+      got.push_back({category::copy,
+                     "peer copy " + std::to_string(m->bytes >> 10) + " KiB (GPU " + std::to_string(m->srcDeviceId) +
+                         " -> " + std::to_string(m->dstDeviceId) + ")",
+                     m->deviceId, m->streamId, m->start, m->end});
     } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(a);
       got.push_back({category::set, "memset " + std::to_string(m->bytes >> 10) + " KiB", m->deviceId,
@@ -277,6 +283,10 @@ void programs(int n, const std::vector<std::int64_t>& sizes) {
                          cg::input<cg::bf16>({F, H}));
       auto replayed = cg::compile(g, ctx, {.cuda_graph = true, .static_outputs = true});
       trace_steps(ctx, w + ", CUDA Graph", 3, true, [&](int) { (void)replayed(x, w1, w2); });
+      opt.decompose_chunks = 4;
+      auto d = cg::compile(cg::schedule(g, {"decompose_matmul_collectives", "overlap"}, opt), ctx,
+                           {.cuda_graph = true, .static_outputs = true});
+      trace_steps(ctx, w + ", CUDA Graph, decomposed into 4", 3, true, [&](int) { (void)d(x, w1, w2); });
     }
     {
       auto x = cg::uniform<float>({1024}, -1, 1, 2);
@@ -312,6 +322,7 @@ int main(int argc, char** argv) {
     TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
     TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+    TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2));
     programs(n, sizes);
     TIMELINE_CHECK_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
   } catch (const std::exception& e) {
