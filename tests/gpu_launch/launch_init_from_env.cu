@@ -1,8 +1,10 @@
 // One process per GPU: started by scripts/ccgraph-launch (CTest label gpu), each process joins
 // through init_from_env (tcp_store rendezvous on MASTER_ADDR:MASTER_PORT), runs collectives on
-// its GPU and checks them; exits non-zero on a wrong result.
+// its GPU and checks them; exits non-zero on a wrong result. With two processes the large
+// all_reduces run on the copy engines between processes (CUDA IPC, shared-memory flags).
 #include <ccgraph/cuda.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <vector>
@@ -11,7 +13,9 @@ namespace cg = ccgraph;
 
 int main() {
   try {
-    auto rank = cg::cuda::init_from_env();
+    cg::cuda::nccl_options opt;
+    opt.copy_engine = cg::cuda::copy_engine_all_reduce::always;
+    auto rank = cg::cuda::init_from_env(opt);
     cg::rank_context& ctx = rank->context();
     const int r = ctx.rank(), n = ctx.world_size();
     auto x = cg::full<float>({1000}, static_cast<float>(r + 1));
@@ -20,6 +24,16 @@ int main() {
     const auto gathered = cg::all_gather_tensor(cg::full<float>({2}, static_cast<float>(r)), 0, ctx.world()).to_vector();
     bool ok = sum == std::vector<float>(1000, want) && gathered.size() == static_cast<std::size_t>(2 * n);
     for (int i = 0; ok && i < 2 * n; ++i) ok = gathered[static_cast<std::size_t>(i)] == static_cast<float>(i / 2);
+    // Large ones, two in flight at once, then one twice as large (the channel grows).
+    for (std::int64_t m : {std::int64_t{1} << 20, std::int64_t{1} << 21}) {
+      auto a = cg::all_reduce(cg::full<float>({m}, static_cast<float>(r + 1)), "sum", ctx.world());
+      auto b = cg::all_reduce(cg::full<cg::bf16>({m}, cg::bf16(static_cast<float>(2 * r))), "max", ctx.world());
+      ok = ok && a.to_vector() == std::vector<float>(static_cast<std::size_t>(m), want);
+      for (auto v : b.to_vector()) ok = ok && static_cast<float>(v) == static_cast<float>(2 * (n - 1));
+    }
+    auto* nr = dynamic_cast<cg::cuda::detail::nccl_rank*>(&ctx.comm());
+    std::printf("rank %d: %llu all_reduces on the copy engines\n", r,
+                static_cast<unsigned long long>(nr ? nr->copy_engine_launched() : 0));
     cg::barrier(rank->rendezvous(), "end", r, n);
     std::printf("rank %d of %d on %s: %s\n", r, n, ctx.device().str().c_str(), ok ? "OK" : "WRONG");
     return ok ? 0 : 1;
