@@ -522,6 +522,18 @@ results copy_engine_suite(cg::rank_context& ctx, std::uint64_t& on_copy_engine) 
   }
   for (std::int64_t m : {n, 4 * n, 16 * n})
     out["grown " + std::to_string(m)] = values(cg::all_reduce(cg::uniform<cg::bf16>({m}, -1, 1, seed(++k)), "sum", world));
+  // A chain of all_reduces, each waited at once: the schedule overlaps nothing with them, so
+  // `overlapped` leaves them to NCCL (on the caller's stream) and `always` runs them on the
+  // copy engines, on the communication stream like every other.
+  {
+    const auto chain = cg::trace(cg::examples::all_reduce_chain(world, 2), cg::input<float>({1 << 18}));
+    const auto x = cg::uniform<float>({1 << 18}, -1, 1, seed(++k));
+    for (bool replay : {false, true}) {
+      auto run = cg::compile(chain, ctx, {.cuda_graph = replay});
+      for (int call = 0; call < 2; ++call)
+        out["chain " + std::to_string(replay) + " " + std::to_string(call)] = values(run(x));
+    }
+  }
   // A schedule that overlaps the all_reduce with a matmul, recorded and replayed.
   auto program = [&](auto a) {
     auto ar = cg::all_reduce(a, "sum", world);
@@ -698,10 +710,11 @@ TEST_CASE("nccl.copy_engine_all_reduce_equals_nccl.2_gpus" * doctest::skip(ccgra
     const auto i = static_cast<std::size_t>(r);
     CAPTURE(r);
     CHECK(nccl_launches[i] == 0);
-    // always: 15 reductions, the misaligned one, 8 pending, 3 grown, and the program's: 3 in
-    // the graph runner, 4 in CUDA Graph mode (a call runs eagerly and records, twice: the
-    // second call's new input tensor is copied into a static buffer from then on).
-    CHECK(copy_launches[i] == 15 + 1 + 8 + 3 + 3 + 4);
+    // always: 15 reductions, the misaligned one, 8 pending, 3 grown, the chain's (2 calls of 2
+    // in the graph runner; in CUDA Graph mode 2 run eagerly and 2 recorded, then a replay), and
+    // the program's: 3 in the graph runner, 4 in CUDA Graph mode (a call runs eagerly and
+    // records, twice: the second call's new input tensor is copied into a static buffer).
+    CHECK(copy_launches[i] == 15 + 1 + 8 + 3 + (4 + 4) + (3 + 4));
     CHECK(sched_launches[i] == 3 + 4);  // only the scheduled program's
     REQUIRE(copy[i].size() == nccl[i].size());
     for (const auto& [name, want] : nccl[i]) {

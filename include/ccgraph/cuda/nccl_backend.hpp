@@ -534,9 +534,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     fail_if_aborted();
     req->rank = rank_;
     const char* what = std::visit([](const auto& o) { return o.name.data(); }, req->op);
-    const bool on_caller = opt_.placement == collective_stream::caller ||
-                           (opt_.placement == collective_stream::automatic &&
-                            req->overlap == ::ccgraph::detail::overlap_hint::none);
+    // A copy-engine all_reduce always runs on the communication stream: the channel's flags
+    // need one order of its all_reduces on each rank, and two streams could run them at once.
+    const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count(req->group.ranks);
+    const bool on_caller = !ce && (opt_.placement == collective_stream::caller ||
+                                   (opt_.placement == collective_stream::automatic &&
+                                    req->overlap == ::ccgraph::detail::overlap_hint::none));
     const cudaStream_t producer = current_stream();
     const cudaStream_t s = on_caller ? producer : comm_stream();
     const bool in_capture = capturing();
@@ -544,7 +547,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaEventRecord(ready_.get(), producer));
       CCGRAPH_CHECK_CUDA(cudaStreamWaitEvent(comm_stream(), ready_.get(), 0));
     }
-    const peer_channel* ch = copy_engine_eligible(opt_, *req) ? channel_for(*req, s, in_capture) : nullptr;
+    const peer_channel* ch = ce ? channel_for(*req, s, in_capture) : nullptr;
     const bool capped = !ch && !on_caller && req->overlapped() && opt_.overlap_sms > 0;
     shared_event done = events_->get();
     if (ch) {
@@ -817,9 +820,11 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   }
 
   /// The copy-engine channel of `req`'s group with room for its input, set up or grown now on
-  /// `s` (both ranks reach this call together: they run the same collectives); null where the
-  /// group has none (then NCCL runs it). Nothing is set up while recording a CUDA Graph: the
-  /// executor's first, eager call makes it, and every rank records alike.
+  /// `s`, the communication stream (both ranks reach this call together: they run the same
+  /// collectives); null where the group has none (then NCCL runs it). Nothing is set up while
+  /// recording a CUDA Graph: the executor's first, eager call makes it, and every rank records
+  /// alike. A replay runs its all_reduces after the rank's eager ones (executor::replay joins
+  /// them first), so each rank runs a channel's all_reduces in one order.
   const peer_channel* channel_for(const ::ccgraph::detail::collective_request& req, cudaStream_t s, bool in_capture) {
     const auto& ranks = req.group.ranks;
     if (no_channel_.count(ranks)) return nullptr;
