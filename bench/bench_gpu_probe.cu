@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -83,11 +84,25 @@ void row(int rank, const char* what, double v, const char* unit) {
   std::fflush(stdout);
 }
 
-void per_op(int r, ncclComm_t comm) {
-  cc::stream compute(cudaStreamNonBlocking);
+/// A rank's communication stream as the nccl backend makes it: the highest priority.
+cc::stream high_priority_stream() {
   int lo = 0, hi = 0;
   CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  cc::stream comm_s(cudaStreamNonBlocking, hi);
+  return cc::stream(cudaStreamNonBlocking, hi);
+}
+
+/// Fills each of `buffers` (`bytes` of bf16) with random-ish values that are not zeros
+/// (0x3c00 + low bits), different per rank.
+void fill_bf16(std::initializer_list<void*> buffers, std::size_t bytes, int rank) {
+  std::vector<std::uint16_t> h(bytes / 2);
+  for (std::size_t i = 0; i < h.size(); ++i)
+    h[i] = static_cast<std::uint16_t>(0x3c00 + ((i + 977 * static_cast<std::size_t>(rank)) * 2654435761u >> 20) % 512);
+  for (void* p : buffers) CCGRAPH_CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+}
+
+void per_op(int r, ncclComm_t comm) {
+  cc::stream compute(cudaStreamNonBlocking);
+  cc::stream comm_s = high_priority_stream();
   cc::event ready, done;
   void *a = nullptr, *b = nullptr;
   CCGRAPH_CHECK_CUDA(cudaMalloc(&a, 4096));
@@ -191,18 +206,11 @@ void overlap(int r, ncclComm_t comm, const std::vector<ncclComm_t>& capped, cons
   const std::int64_t n = 8192;
   const std::size_t bytes = static_cast<std::size_t>(n * n) * 2;
   cc::stream compute(cudaStreamNonBlocking);
-  int lo = 0, hi = 0;
-  CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  cc::stream comm_s(cudaStreamNonBlocking, hi);
+  cc::stream comm_s = high_priority_stream();
   cc::stream_guard on(compute.get());
   void *a = nullptr, *c = nullptr, *x = nullptr, *y = nullptr;
   for (void** p : {&a, &c, &x, &y}) CCGRAPH_CHECK_CUDA(cudaMalloc(p, bytes));
-  // Random-ish bf16 data (not zeros): 0x3c00 + low bits.
-  {
-    std::vector<std::uint16_t> h(static_cast<std::size_t>(n * n));
-    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint16_t>(0x3c00 + (i * 2654435761u >> 20) % 512);
-    for (void* p : {a, x}) CCGRAPH_CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
-  }
+  fill_bf16({a, x}, bytes, r);
   const cg::device dev = cg::device::cuda(r);
   cc::event joined;
   auto gemm = [&](int carveout) {
@@ -291,18 +299,11 @@ void overlap_zero_sm(int r, int world, ncclComm_t comm, ncclComm_t ce) {
   const std::int64_t n = 8192;
   const std::size_t bytes = static_cast<std::size_t>(n * n) * 2;
   cc::stream compute(cudaStreamNonBlocking);
-  int lo = 0, hi = 0;
-  CCGRAPH_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  cc::stream comm_s(cudaStreamNonBlocking, hi);
+  cc::stream comm_s = high_priority_stream();
   cc::stream_guard on(compute.get());
   void *a = nullptr, *c = nullptr, *x = nullptr, *y = nullptr, *y2 = nullptr;
   for (void** p : {&a, &c, &x, &y, &y2}) CCGRAPH_CHECK_CUDA(cudaMalloc(p, bytes));
-  {
-    std::vector<std::uint16_t> h(static_cast<std::size_t>(n * n));
-    for (std::size_t i = 0; i < h.size(); ++i)
-      h[i] = static_cast<std::uint16_t>(0x3c00 + ((i + 977 * static_cast<std::size_t>(r)) * 2654435761u >> 20) % 512);
-    for (void* p : {a, x}) CCGRAPH_CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
-  }
+  fill_bf16({a, x}, bytes, r);
   void *sbuf = nullptr, *rbuf = nullptr;
   CCGRAPH_CHECK_NCCL(ncclMemAlloc(&sbuf, bytes));
   CCGRAPH_CHECK_NCCL(ncclMemAlloc(&rbuf, bytes * world));

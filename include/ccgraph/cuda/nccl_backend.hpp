@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -115,25 +116,33 @@ struct nccl_options {
   /// $CCGRAPH_COLLECTIVE_STREAM if it names a collective_stream, else `automatic`; any other
   /// value is an error naming it.
   static collective_stream default_placement() {
-    const char* v = std::getenv("CCGRAPH_COLLECTIVE_STREAM");
-    const std::string_view s = v ? v : "";
-    if (s.empty() || s == "automatic") return collective_stream::automatic;
-    if (s == "separate") return collective_stream::separate;
-    if (s == "caller") return collective_stream::caller;
-    CCGRAPH_THROW(::ccgraph::error, "nccl_options: CCGRAPH_COLLECTIVE_STREAM is \"", s,
-                  "\"; expected separate, automatic or caller");
+    return env_choice<collective_stream>("CCGRAPH_COLLECTIVE_STREAM", {{"automatic", collective_stream::automatic},
+                                                                       {"separate", collective_stream::separate},
+                                                                       {"caller", collective_stream::caller}});
   }
 
   /// $CCGRAPH_COPY_ENGINE_ALL_REDUCE if it names a copy_engine_all_reduce, else `overlapped`;
   /// any other value is an error naming it.
   static copy_engine_all_reduce default_copy_engine() {
-    const char* v = std::getenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE");
+    return env_choice<copy_engine_all_reduce>("CCGRAPH_COPY_ENGINE_ALL_REDUCE",
+                                              {{"overlapped", copy_engine_all_reduce::overlapped},
+                                               {"off", copy_engine_all_reduce::off},
+                                               {"always", copy_engine_all_reduce::always}});
+  }
+
+  /// The value the environment variable `name` names among `choices` (unset or empty: the
+  /// first); any other value is an error naming the variable, the value and the choices.
+  template <class E>
+  static E env_choice(const char* name, std::initializer_list<std::pair<std::string_view, E>> choices) {
+    const char* v = std::getenv(name);
     const std::string_view s = v ? v : "";
-    if (s.empty() || s == "overlapped") return copy_engine_all_reduce::overlapped;
-    if (s == "off") return copy_engine_all_reduce::off;
-    if (s == "always") return copy_engine_all_reduce::always;
-    CCGRAPH_THROW(::ccgraph::error, "nccl_options: CCGRAPH_COPY_ENGINE_ALL_REDUCE is \"", s,
-                  "\"; expected off, overlapped or always");
+    if (s.empty()) return choices.begin()->second;
+    std::string names;
+    for (const auto& [n, e] : choices) {
+      if (s == n) return e;
+      names += (names.empty() ? "" : ", ") + std::string(n);
+    }
+    CCGRAPH_THROW(::ccgraph::error, "nccl_options: ", name, " is \"", s, "\"; expected one of ", names);
   }
 
   /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
@@ -869,7 +878,6 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several).
   void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, cudaStream_t s, const char* what) {
     auto numel = [](const ::ccgraph::detail::buffer& b) { return static_cast<std::size_t>(numel_of(b.meta.shape)); };
-    auto ptr = [](const ::ccgraph::detail::buffer& b) { return buffer_ptr(b); };
     const int me = req.group.index_of(rank_);
     std::visit(
         [&](const auto& o) {
@@ -879,16 +887,16 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
             const auto& out = req.outputs[i];
             const ncclDataType_t dt = nccl_dtype(in.meta.dtype);
             if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllReduce(ptr(in), ptr(out), numel(in), dt, nccl_redop(o.op, what), c, s));
+              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
                                  std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllGather(ptr(in), ptr(out), numel(in), dt, c, s));
+              CCGRAPH_CHECK_NCCL(ncclAllGather(buffer_ptr(in), buffer_ptr(out), numel(in), dt, c, s));
             } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
                                  std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(
-                  ncclReduceScatter(ptr(in), ptr(out), numel(out), dt, nccl_redop(o.op, what), c, s));
+                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::broadcast>) {
-              CCGRAPH_CHECK_NCCL(ncclBroadcast(ptr(in), ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
+              CCGRAPH_CHECK_NCCL(ncclBroadcast(buffer_ptr(in), buffer_ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
             } else {
               static_assert(std::is_same_v<O, ops::all_to_all_single>);
               // Grouped send/recv: rows of dim 0, split per peer in group order.
@@ -906,10 +914,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
               for (int j = 0; j < n; ++j) {
                 const auto sj = static_cast<std::size_t>(j);
                 if (ins[sj] * row > 0)
-                  CCGRAPH_CHECK_NCCL(ncclSend(static_cast<char*>(ptr(in)) + so * row * esz,
+                  CCGRAPH_CHECK_NCCL(ncclSend(static_cast<char*>(buffer_ptr(in)) + so * row * esz,
                                               static_cast<std::size_t>(ins[sj] * row), dt, j, c, s));
                 if (outs[sj] * row > 0)
-                  CCGRAPH_CHECK_NCCL(ncclRecv(static_cast<char*>(ptr(out)) + ro * row * esz,
+                  CCGRAPH_CHECK_NCCL(ncclRecv(static_cast<char*>(buffer_ptr(out)) + ro * row * esz,
                                               static_cast<std::size_t>(outs[sj] * row), dt, j, c, s));
                 so += ins[sj];
                 ro += outs[sj];
