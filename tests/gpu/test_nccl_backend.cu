@@ -759,3 +759,29 @@ TEST_CASE("nccl.run_gpus_rejects_more_ranks_than_gpus") {
   CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(ccgraph_test::gpu_count() + 1, [](cg::rank_context&) {}),
                        doctest::Contains("CUDA device"), cg::error);
 }
+
+TEST_CASE("nccl.timeout.zero_is_an_error.1_gpu" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  for (const auto t : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    cg::cuda::nccl_options opt;
+    opt.timeout = t;
+    const std::string expect =
+        "nccl_options::timeout: the timeout must be positive, got " + std::to_string(t.count()) + " ms";
+    CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(1, [](cg::rank_context&) {}, opt),
+                         doctest::Contains(expect.c_str()), cg::error);
+  }
+}
+
+TEST_CASE("nccl.timeout.max_waits_forever.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // milliseconds::max() used to overflow in the watchdog's `waited <= timeout` (nanoseconds)
+  // and in the finish barrier's wait_for: a late rank failed its peer at once.
+  cg::cuda::nccl_options opt;
+  opt.timeout = std::chrono::milliseconds::max();
+  cg::cuda::run_gpus(
+      2,
+      [](cg::rank_context& ctx) {
+        if (ctx.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        CHECK(cg::all_reduce(cg::ones<float>({1024}), "sum", ctx.world()).to_vector() ==
+              std::vector<float>(1024, 2.f));
+      },
+      opt);
+}

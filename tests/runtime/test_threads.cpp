@@ -131,8 +131,10 @@ TEST_CASE("run_threads.basics.world_sizes_1_to_16") {
 TEST_CASE("run_threads.default_timeout_from_env") {
   ::setenv("CCGRAPH_TIMEOUT_MS", "1234", 1);
   CHECK(cg::threads_options::default_timeout() == milliseconds(1234));
+  // A value that does not parse is an error naming the variable, not the default.
   ::setenv("CCGRAPH_TIMEOUT_MS", "nonsense", 1);
-  CHECK(cg::threads_options::default_timeout() == milliseconds(300000));
+  CHECK_THROWS_WITH_AS(cg::threads_options{}, doctest::Contains("CCGRAPH_TIMEOUT_MS='nonsense'"),
+                       cg::error);
   ::unsetenv("CCGRAPH_TIMEOUT_MS");
   CHECK(cg::threads_options::default_timeout() == milliseconds(300000));
   CHECK(cg::threads_options{}.timeout == milliseconds(300000));

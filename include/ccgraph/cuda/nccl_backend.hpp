@@ -30,7 +30,9 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/env.hpp>
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/timeout.hpp>
 #include <ccgraph/cuda/block_cache.hpp>
 #include <ccgraph/cuda/compat.hpp>
 #include <ccgraph/cuda/current.hpp>
@@ -81,7 +83,8 @@ enum class copy_engine_all_reduce : std::uint8_t {
 struct nccl_options {
   /// How long a rank waits for its peers (communicator set-up, and any blocking wait on a
   /// collective) before its communicators are aborted and it fails with a timeout_error.
-  /// Defaults to $CCGRAPH_TIMEOUT_MS, else 300 s.
+  /// Must be positive; milliseconds::max() waits forever. Defaults to $CCGRAPH_TIMEOUT_MS,
+  /// else 300 s.
   std::chrono::milliseconds timeout = default_timeout();
 
   /// Most thread blocks (SMs) one collective may use, 0 for NCCL's choice (NCCL_MAX_CTAS
@@ -110,7 +113,8 @@ struct nccl_options {
   /// The smallest all_reduce (bytes) `copy_engine` applies to: below it NCCL's latency wins.
   std::size_t copy_engine_min_bytes = std::size_t{1} << 20;
 
-  /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
+  /// $CCGRAPH_TIMEOUT_MS if set (a positive whole number of milliseconds, else an error naming
+  /// it), else 300 s.
   static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
 
   /// $CCGRAPH_COLLECTIVE_STREAM if it names a collective_stream, else `automatic`; any other
@@ -134,15 +138,7 @@ struct nccl_options {
   /// first); any other value is an error naming the variable, the value and the choices.
   template <class E>
   static E env_choice(const char* name, std::initializer_list<std::pair<std::string_view, E>> choices) {
-    const char* v = std::getenv(name);
-    const std::string_view s = v ? v : "";
-    if (s.empty()) return choices.begin()->second;
-    std::string names;
-    for (const auto& [n, e] : choices) {
-      if (s == n) return e;
-      names += (names.empty() ? "" : ", ") + std::string(n);
-    }
-    CCGRAPH_THROW(::ccgraph::error, "nccl_options: ", name, " is \"", s, "\"; expected one of ", names);
+    return ::ccgraph::detail::env_choice(name, choices);
   }
 
   /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
@@ -226,9 +222,10 @@ class local_id_exchange final : public id_exchange {
       cv_.notify_all();
       return id;
     }
-    if (!cv_.wait_for(lk, timeout, [&] { return ids_.count(key) != 0 || aborted_; }) || aborted_)
+    const auto deadline = ::ccgraph::detail::deadline_after(std::chrono::steady_clock::now(), timeout);
+    if (!cv_.wait_until(lk, deadline, [&] { return ids_.count(key) != 0 || aborted_; }) || aborted_)
       CCGRAPH_THROW(::ccgraph::timeout_error, "nccl: communicator ", key, " was not created by its first rank within ",
-                    timeout.count(), " ms");
+                    ::ccgraph::detail::timeout_text(timeout));
     return ids_.at(key);
   }
   /// Wakes every waiter with an error (a rank failed).
@@ -316,7 +313,8 @@ class gpu_world {
     std::unique_lock lk(mu_);
     ++finished_;
     cv_.notify_all();
-    return cv_.wait_for(lk, timeout, [&] { return aborted_ || finished_ >= n; }) && !aborted_;
+    const auto deadline = ::ccgraph::detail::deadline_after(std::chrono::steady_clock::now(), timeout);
+    return cv_.wait_until(lk, deadline, [&] { return aborted_ || finished_ >= n; }) && !aborted_;
   }
 
  private:
@@ -433,7 +431,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         device_(device),
         ids_(std::move(ids)),
         world_(std::move(world)),
-        opt_(opt),
+        // Checked before the stream below is made: a bad option costs no CUDA resource.
+        opt_((::ccgraph::detail::check_timeout("nccl_options::timeout", opt.timeout), opt)),
         comm_stream_(make_comm_stream()),
         events_(std::make_shared<event_pool>()) {
     watchdog_.check = [this](std::chrono::steady_clock::duration waited, const char* what) {
@@ -738,10 +737,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         abort_comms();
         fail_if_aborted();
       }
-      if (std::chrono::steady_clock::now() - start > opt_.timeout) {
+      if (::ccgraph::detail::past_timeout(std::chrono::steady_clock::now() - start, opt_.timeout)) {
         abort_comms();
         local_failure_ = ::ccgraph::detail::concat("rank ", rank_, ": ", what, " did not complete within ",
-                                                   opt_.timeout.count(), " ms (a peer never arrived)");
+                                                   ::ccgraph::detail::timeout_text(opt_.timeout), " (a peer never arrived)");
         CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
       }
       std::this_thread::yield();
@@ -808,7 +807,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         ::ccgraph::cuda::detail::throw_nccl_error(st, what, __FILE__, __LINE__);
       }
     }
-    if (waited <= opt_.timeout) return;
+    if (!::ccgraph::detail::past_timeout(waited, opt_.timeout)) return;
     std::string pending = "none";
     for (auto& f : inflight_)
       if (cudaEventQuery(f.done.get()) != cudaSuccess) {
@@ -817,7 +816,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       }
     abort_comms();
     local_failure_ = ::ccgraph::detail::concat("rank ", rank_, ": ", what, " waited more than ",
-                                               opt_.timeout.count(), " ms; oldest unfinished collective: ",
+                                               ::ccgraph::detail::timeout_text(opt_.timeout), "; oldest unfinished collective: ",
                                                pending, " (a peer never issued it or died)");
     CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
   }

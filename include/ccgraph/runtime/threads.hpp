@@ -27,10 +27,12 @@ namespace ccgraph {
 /// Settings of a threads world.
 struct threads_options {
   /// How long a collective waits for the other members before failing with a timeout_error.
-  /// Defaults to $CCGRAPH_TIMEOUT_MS, else 300 s.
+  /// Must be positive; milliseconds::max() waits forever. Defaults to $CCGRAPH_TIMEOUT_MS,
+  /// else 300 s.
   std::chrono::milliseconds timeout = default_timeout();
 
-  /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
+  /// $CCGRAPH_TIMEOUT_MS if set (a positive whole number of milliseconds, else an error naming
+  /// it), else 300 s.
   static std::chrono::milliseconds default_timeout() { return detail::default_timeout(); }
 };
 
@@ -111,7 +113,7 @@ class threads_world {
     s->works[static_cast<std::size_t>(me)] = t.done;
     ++s->arrived;
     cv_.notify_all();
-    const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
+    const auto deadline = deadline_after(std::chrono::steady_clock::now(), opt_.timeout);  // max: forever
     while (!aborted_ && s->arrived < size) {
       if (auto e = missing_peer_error(req, t, *s)) return fail_locked(t, req.rank, e);
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !aborted_ && s->arrived < size) {
@@ -314,6 +316,7 @@ class threads_comm final : public communicator {
 template <class F>
 void run_threads(int n, F&& fn, threads_options opt = {}) {
   CCGRAPH_CHECK(n >= 1 && n <= 4096, "run_threads: world size must be in [1, 4096], got ", n);
+  detail::check_timeout("run_threads: threads_options::timeout", opt.timeout);
   detail::threads_world world(n, opt);
   std::vector<std::thread> ranks;
   ranks.reserve(static_cast<std::size_t>(n));
