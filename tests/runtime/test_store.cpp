@@ -12,10 +12,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <latch>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +57,36 @@ struct temp_dir {
     std::filesystem::remove_all(path, ec);
   }
   std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+/// Sets (or, with nullopt, unsets) environment variables for a scope, then restores them.
+class env_guard {
+ public:
+  explicit env_guard(const std::map<std::string, std::optional<std::string>>& vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+  ~env_guard() {
+    for (const auto& [k, v] : saved_) {
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+  env_guard(const env_guard&) = delete;
+  env_guard& operator=(const env_guard&) = delete;
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
 };
 
 /// A port nobody listens on now: one the kernel handed to a server that is gone again.
@@ -442,6 +475,161 @@ TEST_CASE("store.file.torn_record_is_cut_off") {
   CHECK(text(s.get("a")) == "1");
 }
 
+namespace {
+
+/// Every entry of `dir` with its type, permissions and (for files) bytes: what a file_store that
+/// refuses a file must leave exactly as it was (no temporary files left behind either).
+std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> m;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const auto st = e.symlink_status();
+    std::string v = std::to_string(static_cast<int>(st.type())) + "/" +
+                    std::to_string(static_cast<int>(st.permissions())) + "/";
+    if (st.type() == std::filesystem::file_type::regular) {
+      std::ifstream f(e.path(), std::ios::binary);
+      v.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    m[e.path().filename().string()] = v;
+  }
+  return m;
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+/// A file_store header: magic, version, world size.
+std::string store_header(std::uint32_t version, std::uint32_t world_size) {
+  std::string h = "ccgstore";
+  for (const std::uint32_t v : {version, world_size})
+    for (int s = 24; s >= 0; s -= 8) h += static_cast<char>((v >> s) & 0xff);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("store.file.foreign_files_are_errors_and_left_unchanged") {
+  // A wrong CCGRAPH_STORE_FILE used to destroy the file: one starting 00 00 00 xx was read as
+  // a store with a torn last record, cut to 35 bytes, and unlinked by the last rank.
+  temp_dir dir;
+  std::mt19937 rng(21);
+  std::string random(4108, '\0');
+  for (auto& ch : random) ch = static_cast<char>(rng());
+  // The issue's reproducer: a "record" with key "hello" and a value of 8192 bytes, of which
+  // only 4095 follow: a torn record to the old code, which cut the file to 35 bytes.
+  std::string record_like("\0\0\0\x05hello\0\0\x20\0", 13);
+  record_like.resize(4108, 'a');
+  write_file(dir.file("random"), random);
+  write_file(dir.file("empty"), "");
+  write_file(dir.file("record_like"), record_like);
+  write_file(dir.file("short"), "ccgsto");
+  write_file(dir.file("other_version"), store_header(7, 1));
+  write_file(dir.file("text"), "this is not a store file at all\n");
+  std::filesystem::create_directory(dir.file("directory"));
+  write_file(dir.file("unreadable"), random.substr(0, 100));
+  std::filesystem::permissions(dir.file("unreadable"), std::filesystem::perms::none);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"random", "not a file_store file (4108 bytes, starting "},
+      {"empty", "not a file_store file (0 bytes)"},
+      {"record_like", "not a file_store file (4108 bytes, starting 00 00 00 05 68 65 6c 6c 6f 00 00 20"},
+      {"short", "not a file_store file (6 bytes, starting 63 63 67 73 74 6f)"},
+      {"other_version", "is a file_store file of format version 7, this ccgraph reads version 1"},
+      {"text", "not a file_store file"},
+      {"directory", "Is a directory"},
+      // Permission denied; as root (who may open it anyway), not a store file.
+      {"unreadable", ::geteuid() == 0 ? "not a file_store file" : "Permission denied"},
+  };
+  const auto before = snapshot(dir.path);
+  for (const auto& [name, expect] : cases) {
+    CAPTURE(name);
+    const std::string path = dir.file(name);
+    std::string m = error_of<cg::error>([&] { cg::file_store(path, 2, long_timeout); });
+    CHECK_MESSAGE(contains(m, "'" + path + "'"), m);
+    CHECK_MESSAGE(contains(m, expect), m);
+    // Through the launcher's environment, as in the issue.
+    {
+      env_guard env({{"CCGRAPH_STORE_FILE", path}});
+      cg::env_config c;
+      c.world_size = 2;
+      m = error_of<cg::error>([&] { cg::make_store_from_env(c); });
+      CHECK_MESSAGE(contains(m, expect), m);
+    }
+    CHECK(snapshot(dir.path) == before);  // byte-identical, still there, nothing added
+  }
+  std::filesystem::permissions(dir.file("unreadable"), std::filesystem::perms::owner_all);
+}
+
+TEST_CASE("store.file.made_with_a_header_for_its_world_size") {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto a = std::make_unique<cg::file_store>(path, 2, long_timeout);
+  CHECK(read_file(path).substr(0, 16) == store_header(1, 2));
+  // Another world size is an error on the rank that brings it, and harms nothing.
+  const auto before = snapshot(dir.path);
+  const std::string m = error_of<cg::error>([&] { cg::file_store(path, 3, long_timeout); });
+  CHECK(contains(m, "was made for world_size 2 but this rank joins with world_size 3"));
+  CHECK(snapshot(dir.path) == before);
+  auto b = std::make_unique<cg::file_store>(path, 2, long_timeout);
+  a->set("k", bytes("v"));
+  CHECK(text(b->get("k")) == "v");
+  a.reset();
+  CHECK(std::filesystem::exists(path));
+  b.reset();
+  CHECK_FALSE(std::filesystem::exists(path));  // the last of 2 removed it
+}
+
+TEST_CASE("store.file.concurrent_creation") {
+  // The ranks of a job create the file at once: exactly one makes it, nobody sees it without
+  // its header, and nothing is left behind.
+  temp_dir dir;
+  for (int round = 0; round < 10; ++round) {
+    const std::string path = dir.file("race" + std::to_string(round));
+    constexpr int n = 6;
+    std::vector<std::unique_ptr<cg::file_store>> stores(n);
+    std::latch start(n);
+    on_threads(n, [&](int i) {
+      start.arrive_and_wait();
+      stores[static_cast<std::size_t>(i)] = std::make_unique<cg::file_store>(path, n, long_timeout);
+      stores[static_cast<std::size_t>(i)]->set("rank/" + std::to_string(i), bytes("x"));
+    });
+    std::vector<std::string> all;
+    for (int i = 0; i < n; ++i) all.push_back("rank/" + std::to_string(i));
+    for (auto& s : stores) REQUIRE(s != nullptr);
+    stores[0]->wait(all);
+    stores.clear();
+    CHECK(std::filesystem::is_empty(dir.path));
+  }
+}
+
+TEST_CASE("store.file.removes_only_the_file_it_opened") {
+  // Whatever now sits at the path (replaced while the store was in use) is not the store's to
+  // remove; its calls fail naming the path instead of writing into it.
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    cg::file_store s(path, 1, long_timeout);
+    s.set("a", bytes("1"));
+    write_file(dir.file("precious"), "precious data");
+    std::filesystem::rename(dir.file("precious"), path);
+    const std::string m = error_of<cg::error>([&] { s.set("b", bytes("2")); });
+    CHECK(contains(m, "'" + path + "' is no longer the store file this file_store opened"));
+  }
+  CHECK(read_file(path) == "precious data");
+  // A store file shortened behind its back is an error too, not a fresh start.
+  std::filesystem::remove(path);
+  {
+    cg::file_store s(path, 1, long_timeout);
+    s.set("a", bytes("1"));
+    std::filesystem::resize_file(path, 16);
+    CHECK(contains(error_of<cg::error>([&] { s.get("a"); }), "shrank"));
+  }
+}
+
 // --- barrier ---------------------------------------------------------------------------------
 
 TEST_CASE("store.barrier.four_threads_tcp_and_file") {
@@ -504,36 +692,6 @@ cg::env_config parse_env(const std::map<std::string, std::string>& vars) {
 std::string env_error(const std::map<std::string, std::string>& vars) {
   return error_of<cg::error>([&] { parse_env(vars); });
 }
-
-/// Sets (or, with nullopt, unsets) environment variables for a scope, then restores them.
-class env_guard {
- public:
-  explicit env_guard(const std::map<std::string, std::optional<std::string>>& vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k.c_str());
-      saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
-      if (v) {
-        ::setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        ::unsetenv(k.c_str());
-      }
-    }
-  }
-  ~env_guard() {
-    for (const auto& [k, v] : saved_) {
-      if (v) {
-        ::setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        ::unsetenv(k.c_str());
-      }
-    }
-  }
-  env_guard(const env_guard&) = delete;
-  env_guard& operator=(const env_guard&) = delete;
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
 
 }  // namespace
 

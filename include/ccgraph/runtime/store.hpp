@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -47,6 +48,7 @@
 #include <unistd.h>
 
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/timeout.hpp>
 
 namespace ccgraph {
 
@@ -1043,7 +1045,8 @@ class tcp_store final : public store {
 /// A store in one file on a filesystem every rank sees (NFS, Lustre, a local disk for one
 /// machine), for clusters where ranks cannot reach each other over TCP before NCCL is up.
 ///
-/// Layout (as c10d's FileStore): the file is an append-only log of records, each a big-endian
+/// Layout: a 16-byte header (the magic "ccgstore", a big-endian u32 format version, the u32
+/// world size), then an append-only log of records (as c10d's FileStore), each a big-endian
 /// u32 key length, the key, a u32 value length and the value; the last record of a key wins.
 /// Every operation opens the file and holds flock() on it, shared to read and exclusive to
 /// append, which is what makes add() atomic across processes and, on NFS, what makes every
@@ -1051,14 +1054,19 @@ class tcp_store final : public store {
 /// file_store reads only the records appended since its last look. get() and wait() poll with
 /// a short sleep (1 ms, doubling to 20 ms).
 ///
-/// The file is removed when the last of `world_size` file_stores on it is destroyed (counted in
-/// the file itself, like c10d); a file left by a job that crashed holds that job's keys, so
-/// give every job a fresh path.
+/// The first file_store creates the file atomically (written under a temporary name, then
+/// linked into place), so no rank ever sees it half made. A file that exists without the
+/// header (another program's file, a wrong path) is an error naming the path and what it
+/// holds, and is never modified or removed. The file is removed when the last of `world_size`
+/// file_stores on it is destroyed (counted in the file itself, like c10d), and only if the path
+/// still names the file they opened; a file left by a job that crashed holds that job's keys,
+/// so give every job a fresh path.
 class file_store final : public store {
  public:
-  /// Opens (creating it if needed) the store file at `path`, whose directory must exist.
-  /// `world_size` is the number of file_stores (one per rank) that will use it. Throws error
-  /// naming the path when it cannot be opened or is not a store file.
+  /// Opens the store file at `path`, or creates it (its directory must exist). `world_size` is
+  /// the number of file_stores (one per rank) that will use it; a file made for another world
+  /// size is an error. Throws error naming the path when it cannot be opened or created, or is
+  /// not a store file.
   file_store(std::string path, int world_size,
              std::chrono::milliseconds timeout = std::chrono::seconds(300))
       : store(timeout), path_(std::move(path)), world_size_(world_size) {
@@ -1066,10 +1074,10 @@ class file_store final : public store {
     CCGRAPH_CHECK(world_size >= 1, "file_store: world_size must be >= 1, got ", world_size,
                   " (store ", path_, ")");
     std::lock_guard lk(mu_);
-    with_file("file_store", LOCK_EX, [&](int fd) {
-      refresh_locked("file_store", fd);
-      add_locked("file_store", fd, users_key, 1);
-    });
+    detail::unique_fd fd = open_or_create();
+    lock(fd.get(), LOCK_EX, "file_store");
+    refresh_locked("file_store", fd.get());
+    add_locked("file_store", fd.get(), users_key, 1);
   }
 
   /// Counts this file_store out; the last one of world_size removes the file.
@@ -1080,8 +1088,12 @@ class file_store final : public store {
         refresh_locked("~file_store", fd);
         const std::int64_t finished = add_locked("~file_store", fd, finished_key, 1);
         const std::int64_t users = add_locked("~file_store", fd, users_key, -1);
-        // Unlinked under the lock, so nobody appends to a file that is already gone.
-        if (finished >= world_size_ && users == 0) ::unlink(path_.c_str());
+        // Unlinked under the lock, so nobody appends to a file that is already gone; and only
+        // while the path still names the file this store opened.
+        struct stat st {};
+        if (finished >= world_size_ && users == 0 && ::stat(path_.c_str(), &st) == 0 &&
+            st.st_dev == dev_ && st.st_ino == ino_)
+          ::unlink(path_.c_str());
       });
     } catch (...) {
       // A destructor must not throw; at worst the file stays behind.
@@ -1122,7 +1134,7 @@ class file_store final : public store {
         },
         [&] {
           CCGRAPH_THROW(timeout_error, "file_store::get: key '", key, "' was not set within ",
-                        t.count(), " ms (store ", path_, ")");
+                        detail::timeout_text(t), " (store ", path_, ")");
         });
     return value;
   }
@@ -1146,8 +1158,8 @@ class file_store final : public store {
             missing = missing_locked(keys);
           }
           CCGRAPH_THROW(timeout_error, "file_store::wait: ", missing.size(), " of ", keys.size(),
-                        " keys not set within ", t.count(), " ms: ", detail::quote_keys(missing),
-                        " (store ", path_, ")");
+                        " keys not set within ", detail::timeout_text(t), ": ",
+                        detail::quote_keys(missing), " (store ", path_, ")");
         });
   }
 
@@ -1168,11 +1180,16 @@ class file_store final : public store {
   static constexpr const char* users_key = "__ccgraph/file_store/users";
   static constexpr const char* finished_key = "__ccgraph/file_store/finished";
 
+  // The header: what makes a file ours.
+  static constexpr char magic[8] = {'c', 'c', 'g', 's', 't', 'o', 'r', 'e'};
+  static constexpr std::uint32_t format_version = 1;
+  static constexpr std::size_t header_bytes = 16;
+
   /// Calls `done()` until it returns true, sleeping 1 ms, then doubling up to 20 ms, between
   /// tries; once `limit` has passed (after one last try) calls `fail()`, which throws.
   template <class Done, class Fail>
   static void poll_until(std::chrono::milliseconds limit, Done&& done, Fail&& fail) {
-    const auto deadline = clock::now() + limit;
+    const auto deadline = detail::deadline_after(clock::now(), limit);
     auto pause = std::chrono::milliseconds(1);
     for (;;) {
       if (done()) return;
@@ -1183,20 +1200,144 @@ class file_store final : public store {
     }
   }
 
-  /// Opens the file, takes flock(`op`) on it and calls `f(fd)`. Closing the descriptor drops
-  /// the lock (and on NFS, flushes what was written). Each call opens its own descriptor:
-  /// flock() locks conflict between descriptors, so threads of one process exclude each other
-  /// as processes do. Requires mu_.
-  template <class F>
-  std::invoke_result_t<F&, int> with_file(const char* call, int op, F&& f) {
-    detail::unique_fd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  /// The header of a file this ccgraph makes for world_size_ ranks.
+  std::array<std::uint8_t, header_bytes> header() const {
+    std::array<std::uint8_t, header_bytes> h{};
+    std::memcpy(h.data(), magic, sizeof magic);
+    for (int i = 0; i < 4; ++i) {
+      h[static_cast<std::size_t>(8 + i)] = static_cast<std::uint8_t>(format_version >> (24 - 8 * i));
+      h[static_cast<std::size_t>(12 + i)] =
+          static_cast<std::uint8_t>(static_cast<std::uint32_t>(world_size_) >> (24 - 8 * i));
+    }
+    return h;
+  }
+
+  /// Opens the store file, creating it when it does not exist, and checks that it is one:
+  /// a regular file with this ccgraph's header for world_size_ ranks. Remembers its identity
+  /// (device and inode): every later open must find the same file. Requires mu_.
+  detail::unique_fd open_or_create() {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      // O_NONBLOCK: opening a FIFO or a device someone named by mistake must not block.
+      detail::unique_fd fd(::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+      if (fd) {
+        verify(fd.get());
+        return fd;
+      }
+      if (errno != ENOENT)
+        CCGRAPH_THROW(error, "file_store: cannot open the store file '", path_,
+                      "': ", detail::errno_message(errno));
+      if (auto made = create()) return std::move(*made);
+      // Another rank created it between our open and link: open theirs.
+    }
+    CCGRAPH_THROW(error, "file_store: the store file '", path_,
+                  "' keeps appearing and disappearing; is another job using this path?");
+  }
+
+  /// Creates the store file: header written (and flushed, for NFS) under a temporary name in
+  /// the same directory, then linked to the path, which fails if the path exists. So the path
+  /// never names a file without its header. nullopt when another rank's file won the race.
+  std::optional<detail::unique_fd> create() {
+    std::string tmp = path_ + ".tmp-XXXXXX";
+    detail::unique_fd fd(::mkostemp(tmp.data(), O_CLOEXEC));
     if (!fd)
-      CCGRAPH_THROW(error, call, ": cannot open the store file '", path_,
-                    "': ", detail::errno_message(errno));
-    while (::flock(fd.get(), op) != 0) {
+      CCGRAPH_THROW(error, "file_store: cannot create the store file '", path_,
+                    "' (a temporary file next to it failed: ", detail::errno_message(errno), ")");
+    struct remove_tmp {
+      const std::string& name;
+      ~remove_tmp() { ::unlink(name.c_str()); }
+    } cleanup{tmp};
+    const auto h = header();
+    if (::pwrite(fd.get(), h.data(), h.size(), 0) != static_cast<ssize_t>(h.size()) ||
+        ::fsync(fd.get()) != 0)
+      CCGRAPH_THROW(error, "file_store: writing the header of the store file '", path_,
+                    "' failed: ", detail::errno_message(errno));
+    if (::link(tmp.c_str(), path_.c_str()) != 0) {
+      const int e = errno;
+      if (e == EEXIST) return std::nullopt;
+      CCGRAPH_THROW(error, "file_store: cannot create the store file '", path_,
+                    "': ", detail::errno_message(e),
+                    e == EPERM || e == ENOTSUP ? " (the filesystem needs hard links)" : "");
+    }
+    verify(fd.get());
+    return std::optional<detail::unique_fd>(std::move(fd));
+  }
+
+  /// Checks that `fd` is a store file of this format for world_size_ ranks and remembers its
+  /// identity; anything else is an error naming the path and what was found, and the file is
+  /// left as it was.
+  void verify(int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0)
+      CCGRAPH_THROW(error, "file_store: fstat on '", path_, "' failed: ", detail::errno_message(errno));
+    CCGRAPH_CHECK(S_ISREG(st.st_mode), "file_store: '", path_,
+                  "' exists and is not a regular file; it was left unchanged (give "
+                  "CCGRAPH_STORE_FILE a fresh path)");
+    std::array<std::uint8_t, header_bytes> got{};
+    std::size_t n = 0;
+    while (n < got.size()) {
+      const ssize_t r = ::pread(fd, got.data() + n, got.size() - n, static_cast<off_t>(n));
+      if (r > 0) {
+        n += static_cast<std::size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) break;
+      CCGRAPH_THROW(error, "file_store: reading '", path_, "' failed: ", detail::errno_message(errno));
+    }
+    if (n < header_bytes || std::memcmp(got.data(), magic, sizeof magic) != 0) {
+      std::string start;
+      for (std::size_t i = 0; i < n; ++i) {
+        static constexpr char hex[] = "0123456789abcdef";
+        if (i) start += ' ';
+        start += hex[got[i] >> 4];
+        start += hex[got[i] & 15];
+      }
+      CCGRAPH_THROW(error, "file_store: '", path_, "' exists but is not a file_store file (",
+                    st.st_size, " bytes",
+                    n ? detail::concat(", starting ", start) : std::string(),
+                    "); it was left unchanged (give CCGRAPH_STORE_FILE a fresh path)");
+    }
+    const std::uint32_t version = detail::load_u32(got.data() + 8);
+    const std::uint32_t ws = detail::load_u32(got.data() + 12);
+    CCGRAPH_CHECK(version == format_version, "file_store: '", path_,
+                  "' is a file_store file of format version ", version, ", this ccgraph reads version ",
+                  format_version, "; it was left unchanged");
+    CCGRAPH_CHECK(ws == static_cast<std::uint32_t>(world_size_), "file_store: '", path_,
+                  "' was made for world_size ", ws, " but this rank joins with world_size ",
+                  world_size_, "; every rank must be started with the same WORLD_SIZE");
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    offset_ = header_bytes;
+    cache_.clear();
+  }
+
+  void lock(int fd, int op, const char* call) const {
+    while (::flock(fd, op) != 0) {
       if (errno == EINTR) continue;
       CCGRAPH_THROW(error, call, ": flock on '", path_, "' failed: ", detail::errno_message(errno));
     }
+  }
+
+  /// Opens the file, takes flock(`op`) on it, checks it is still the file this store opened,
+  /// and calls `f(fd)`. Closing the descriptor drops the lock (and on NFS, flushes what was
+  /// written). Each call opens its own descriptor: flock() locks conflict between
+  /// descriptors, so threads of one process exclude each other as processes do. Requires mu_.
+  template <class F>
+  std::invoke_result_t<F&, int> with_file(const char* call, int op, F&& f) {
+    detail::unique_fd fd(::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+    if (!fd) {
+      const int e = errno;
+      CCGRAPH_THROW(error, call, ": cannot open the store file '", path_,
+                    "': ", detail::errno_message(e),
+                    e == ENOENT ? " (it was removed while in use)" : "");
+    }
+    lock(fd.get(), op, call);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0)
+      CCGRAPH_THROW(error, call, ": fstat on '", path_, "' failed: ", detail::errno_message(errno));
+    CCGRAPH_CHECK(st.st_dev == dev_ && st.st_ino == ino_, call, ": '", path_,
+                  "' is no longer the store file this file_store opened (it was replaced while "
+                  "in use); it was left unchanged");
     return f(fd.get());
   }
 
@@ -1206,20 +1347,18 @@ class file_store final : public store {
     with_file(call, LOCK_SH, [&](int fd) { refresh_locked(call, fd); });
   }
 
-  /// Reads the complete records past offset_ into cache_. A file that was replaced (another
-  /// inode) or shrank starts over. An incomplete record at the end (its writer is appending,
-  /// or died doing so) is left for later. Requires mu_ and a lock on `fd`.
+  /// Reads the complete records past offset_ into cache_. An incomplete record at the end (its
+  /// writer is appending, or died doing so) is left for later. Requires mu_ and a lock on
+  /// `fd`, a file verified as ours.
   void refresh_locked(const char* call, int fd) {
     struct stat st {};
     if (::fstat(fd, &st) != 0)
       CCGRAPH_THROW(error, call, ": fstat on '", path_, "' failed: ", detail::errno_message(errno));
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (st.st_ino != ino_ || st.st_dev != dev_ || size < offset_) {
-      cache_.clear();
-      offset_ = 0;
-      ino_ = st.st_ino;
-      dev_ = st.st_dev;
-    }
+    // Only a torn record past every reader's offset is ever cut off: shorter means someone
+    // else truncated the file.
+    CCGRAPH_CHECK(size >= offset_, call, ": the store file '", path_, "' shrank from ", offset_,
+                  " to ", size, " bytes while in use (did another program write to it?)");
     if (size == offset_) return;
     std::vector<std::uint8_t> buf(static_cast<std::size_t>(size - offset_));
     std::size_t got = 0;
@@ -1253,16 +1392,16 @@ class file_store final : public store {
 
   [[noreturn]] void corrupt(const char* call, std::size_t pos, const char* what,
                             std::size_t len) const {
-    CCGRAPH_THROW(error, call, ": '", path_, "' is not a file_store file: the record at offset ",
-                  offset_ + pos, " claims a ", what, " of ", len,
-                  " bytes (another program's file, or a store from an older ccgraph?)");
+    CCGRAPH_THROW(error, call, ": the store file '", path_, "' is corrupt: the record at offset ",
+                  offset_ + pos, " claims a ", what, " of ", len, " bytes, more than the limit");
   }
 
   /// Appends one record. Requires mu_, an exclusive lock on `fd` and a refresh under it.
   void append_locked(const char* call, int fd, const std::string& key,
                      const std::vector<std::uint8_t>& value) {
     // What is left past offset_ after a refresh under the exclusive lock is a record whose
-    // writer died halfway: cut it off, or every later record would be read as garbage.
+    // writer died halfway: cut it off, or every later record would be read as garbage. (The
+    // file is ours: verify() saw its header and with_file() its identity.)
     struct stat st {};
     if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) > offset_ &&
         ::ftruncate(fd, static_cast<off_t>(offset_)) != 0)
@@ -1312,9 +1451,9 @@ class file_store final : public store {
   int world_size_;
   std::mutex mu_;  // guards the cache below, shared by the threads using this file_store
   std::unordered_map<std::string, std::vector<std::uint8_t>> cache_;
-  std::uint64_t offset_ = 0;  // end of the last complete record read
+  std::uint64_t offset_ = header_bytes;  // end of the last complete record read
+  dev_t dev_ = 0;  // the file this store opened: every later open must find it
   ino_t ino_ = 0;
-  dev_t dev_ = 0;
 };
 
 /// Blocks until all `world_size` ranks have called barrier() with the same `name` (rank is this
