@@ -1,10 +1,11 @@
 // tests/core/test_timeout.cpp: timeouts and deadlines (ccgraph/core/timeout.hpp) and their
-// users: milliseconds::max() waits forever on the threads backend (it used to overflow
-// now() + timeout), and zero or negative timeouts are rejected, naming the call.
+// users: milliseconds::max() waits forever on the threads backend and in every store (it used
+// to overflow now() + timeout), and zero or negative timeouts are rejected, naming the call.
 // Run under UBSan, the forever cases are what catches an overflow.
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/timeout.hpp>
 #include <ccgraph/ops/collectives.hpp>
+#include <ccgraph/runtime/store.hpp>
 #include <ccgraph/runtime/threads.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -88,4 +90,51 @@ TEST_CASE("timeout.threads.zero_and_negative_are_errors") {
                           std::to_string(t.count()) + " ms"));
     CHECK_FALSE(ran);
   }
+}
+
+namespace {
+
+/// A get that a set on another thread satisfies 150 ms later, with the store waiting forever.
+void forever_get(cg::store& getter, cg::store& setter) {
+  CHECK(getter.timeout() == milliseconds::max());
+  std::vector<std::uint8_t> got;
+  std::thread t([&] { got = getter.get("late"); });
+  std::this_thread::sleep_for(milliseconds(150));
+  setter.set("late", {7});
+  t.join();
+  CHECK(got == std::vector<std::uint8_t>{7});
+  std::thread w([&] { getter.wait({"later"}); });
+  std::this_thread::sleep_for(milliseconds(50));
+  setter.set("later", {8});
+  w.join();
+  cg::barrier(getter, "forever", 0, 1);
+}
+
+}  // namespace
+
+TEST_CASE("timeout.stores.forever_and_invalid") {
+  {
+    cg::tcp_store server("127.0.0.1", 0, true, 2, milliseconds::max());
+    cg::tcp_store client("127.0.0.1", server.port(), false, 2, milliseconds::max());
+    forever_get(client, server);
+    CHECK_THROWS_WITH_AS(client.set_timeout(milliseconds(0)),
+                         doctest::Contains("store::set_timeout: the timeout must be positive, got 0 ms"),
+                         cg::error);
+    CHECK_THROWS_AS(client.set_timeout(milliseconds(-1)), cg::error);
+    CHECK(client.timeout() == milliseconds::max());  // unchanged by the refused calls
+  }
+  {
+    std::string dir = (std::filesystem::temp_directory_path() / "ccgraph-timeout-XXXXXX").string();
+    REQUIRE(::mkdtemp(dir.data()) != nullptr);
+    {
+      cg::file_store a(dir + "/s", 2, milliseconds::max());
+      cg::file_store b(dir + "/s", 2, milliseconds::max());
+      forever_get(a, b);
+    }
+    std::filesystem::remove_all(dir);
+  }
+  CHECK_THROWS_WITH_AS(cg::tcp_store("127.0.0.1", 0, true, 1, milliseconds(0)),
+                       doctest::Contains("the timeout must be positive, got 0 ms"), cg::error);
+  CHECK_THROWS_WITH_AS(cg::file_store("/tmp/never-made", 1, milliseconds(-3)),
+                       doctest::Contains("the timeout must be positive, got -3 ms"), cg::error);
 }
