@@ -1336,6 +1336,39 @@ TEST_CASE("errors.outside_run_threads") {
                        doctest::Contains("no rank context"), cg::error);
 }
 
+TEST_CASE("errors.group_of_another_world_at_launch") {
+  // What a graph traced for another world or rank hands the launch (issue 21 item 1): every
+  // collective, eager or compiled, is checked there before a backend indexes peers by it.
+  run(2, [](cg::rank_context& ctx) {
+    auto launch = [&](cg::group_info gi) {
+      return cg::detail::launch_collective<float>(ctx, "all_reduce", cg::ops::all_reduce{cg::reduce_op::sum},
+                                                  std::move(gi), {cg::ones<float>({4})});
+    };
+    const std::string r = std::to_string(ctx.rank());
+    CHECK(error_of([&] { launch({"", iota_ranks(8), {}}); }) ==
+          "all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 2 ranks (rank " + r + ")");
+    CHECK(error_of([&] { launch({"", {-1, 0, 1}, {}}); }) ==
+          "all_reduce: group [-1, 0, 1] does not fit a world of 2 ranks (rank " + r + ")");
+    const int other = 1 - ctx.rank();
+    CHECK(error_of([&] { launch({"", {other}, {}}); }) ==
+          "all_reduce: rank " + r + " is not a member of group [" + std::to_string(other) + "] (world of 2 ranks)");
+    CHECK(error_of([&] { launch({"", {1, 0}, {}}); }) ==
+          "all_reduce: group [1, 0] is not a sorted list of distinct ranks (rank " + r + ", world of 2 ranks)");
+    CHECK(error_of([&] { launch({"", {}, {}}); }) == "all_reduce: empty group (rank " + r + ", world of 2 ranks)");
+    // A partition (MPMD lists, a mesh dim) must split this world, with the group one part.
+    const std::string part = "[" + r + "]";
+    CHECK(error_of([&] { launch({"", {ctx.rank()}, {{ctx.rank()}, {other}, {2}}}); }) ==
+          "all_reduce: the partition [[" + r + "], [" + std::to_string(other) + "], [2]] of group " + part +
+              " does not split a world of 2 ranks (rank " + r + ")");
+    CHECK(error_of([&] { launch({"", {ctx.rank()}, {{ctx.rank()}}}); }) ==
+          "all_reduce: the partition [[" + r + "]] of group " + part + " does not split a world of 2 ranks (rank " + r + ")");
+    CHECK(contains(error_of([&] { launch({"", {ctx.rank()}, {{0, 1}}}); }), "does not split a world of 2 ranks"));
+    // Nothing reached the backend: the world is intact.
+    CHECK(cg::all_reduce(cg::ones<float>({1}), "sum", ctx.world()).item() == 2.f);
+    CHECK(launch({"", {ctx.rank()}, {{0}, {1}}}).at(0).to_vector() == std::vector<float>(4, 1.f));
+  });
+}
+
 TEST_CASE("errors.splits_and_shapes_past_int64") {
   // Split sizes whose sum overflows, and outputs too large to count, are errors naming them.
   constexpr i64 big = std::numeric_limits<i64>::max();

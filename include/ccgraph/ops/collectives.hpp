@@ -41,6 +41,9 @@ std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, op
                                          group_info gi, const std::vector<tensor<T>>& inputs,
                                          const std::vector<tensor<T>>* into = nullptr,
                                          overlap_hint overlap = overlap_hint::unknown) {
+  // Before anything reaches a backend, which indexes its peers by the group's ranks: a graph
+  // traced for another world or rank carries groups this rank cannot run.
+  check_group_fits(what, gi, ctx.rank(), ctx.world_size());
   auto req = std::make_shared<collective_request>();
   req->group = std::move(gi);
   req->overlap = overlap;
