@@ -785,3 +785,40 @@ TEST_CASE("nccl.timeout.max_waits_forever.2_gpus" * doctest::skip(ccgraph_test::
       },
       opt);
 }
+
+GPU_TEST_CASE("nccl.group_of_another_world_is_refused.1_gpu") {
+  // issue 21 item 1 on the nccl backend: the same check as the threads backend's, before NCCL
+  // sees the group (a graph traced for 8 ranks, a hand-made group, a partition of 8 ranks).
+  const std::vector<int> eight{0, 1, 2, 3, 4, 5, 6, 7};
+  auto g8 = cg::trace(cg::trace_options{.world_size = 8},
+                      [&](auto a) { return cg::wait_tensor(cg::all_reduce(a, "sum", cg::group{eight})); },
+                      cg::input<float>({4}));
+  std::string compiled, launched, split;
+  cg::cuda::run_gpus(1, [&](cg::rank_context& ctx) {
+    try {
+      (void)cg::compile(g8, ctx);
+    } catch (const cg::error& e) {
+      compiled = e.what();
+    }
+    auto launch = [&](cg::group_info gi) {
+      return cg::detail::launch_collective<float>(ctx, "all_reduce", cg::ops::all_reduce{cg::reduce_op::sum},
+                                                  std::move(gi), {cg::ones<float>({4})});
+    };
+    try {
+      (void)launch({"", eight, {}});
+    } catch (const cg::error& e) {
+      launched = e.what();
+    }
+    try {
+      (void)launch({"", {0}, {{0}, {1}}});
+    } catch (const cg::error& e) {
+      split = e.what();
+    }
+    // Nothing reached NCCL: the world still works.
+    CHECK(cg::all_reduce(cg::ones<float>({4}), "sum", ctx.world()).to_vector() == std::vector<float>(4, 1.f));
+  });
+  CHECK(compiled.find("= all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 1 ranks (rank 0)") !=
+        std::string::npos);
+  CHECK(launched == "all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 1 ranks (rank 0)");
+  CHECK(split == "all_reduce: the partition [[0], [1]] of group [0] does not split a world of 1 ranks (rank 0)");
+}

@@ -117,6 +117,21 @@ TEST_CASE("graph.add.infers_metas_and_unique_names") {
         "graph::add: node is not owned by this graph (%arg)");
 }
 
+TEST_CASE("graph.infer.values_past_int64_are_errors") {
+  // A node's shape may outgrow its inputs' (broadcast, matmul, repeat): every one is counted
+  // with overflow checks, so memory plans and sizes computed from the graph never overflow.
+  const i64 g = i64{1} << 32;
+  const std::string too_many = " has too many elements (the product of its sizes exceeds 2^63 - 1)";
+  cg::ops::pointwise add{"add", "add(%0, %1)", nullptr};
+  CHECK(error_of([&] { (void)cg::infer(cg::node_op(add), {f32({g, 1}), f32({1, g})}, std::nullopt); }) ==
+        "pointwise: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::infer(cg::node_op(cg::ops::matmul{}), {f32({g, 2}), f32({2, g})}, std::nullopt); }) ==
+        "matmul: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::infer(cg::node_op(cg::ops::repeat{{g, g}}), {f32({1})}, std::nullopt); }) ==
+        "repeat: shape [4294967296, 4294967296]" + too_many);
+  CHECK(cg::infer(cg::node_op(add), {f32({g, 1}), f32({1, 2})}, std::nullopt).at(0).shape == shape_t{g, 2});
+}
+
 TEST_CASE("graph.set_args.keeps_users_consistent") {
   small s;
   // matmul(w, w) lists w once among w's users; inputs() keeps the repeat.

@@ -100,8 +100,23 @@ inline tensor_meta gather_meta(std::string_view what, const tensor_meta& in, int
                                std::size_t index = 0, bool coalesced = false) {
   check_has_dim0(what, in, coalesced ? " for tensor at index " + std::to_string(index) : std::string());
   tensor_meta out = in;
-  out.shape[0] *= n;
+  CCGRAPH_CHECK(checked_mul(in.shape[0], n, out.shape[0]), what, ": dim 0 (size ", in.shape[0],
+                ") times group_size ", n, " exceeds 2^63 - 1");
+  (void)checked_numel(out.shape, what);
   return out;
+}
+
+/// The sum of all_to_all split sizes `splits` (called `label` in errors): each >= 0, the sum
+/// at most 2^63 - 1.
+inline std::int64_t sum_splits(std::string_view what, const std::vector<std::int64_t>& splits,
+                               const char* label) {
+  std::int64_t sum = 0;
+  for (auto v : splits) {
+    CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(splits));
+    CCGRAPH_CHECK(checked_add(sum, v, sum), what, ": ", label, " ", list_str(splits),
+                  " sum past 2^63 - 1");
+  }
+  return sum;
 }
 
 inline tensor_meta scatter_meta(std::string_view what, const tensor_meta& in, int n,
@@ -150,13 +165,15 @@ inline std::vector<tensor_meta> infer(const collective_op& op, const std::vector
                         list_str(is), " has ", is.size(), " entries for group_size ", n);
           CCGRAPH_CHECK(static_cast<int>(os.size()) == n, what, ": output_split_sizes ",
                         list_str(os), " has ", os.size(), " entries for group_size ", n);
-          for (auto v : is) CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(is));
-          for (auto v : os) CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(os));
-          const auto isum = std::accumulate(is.begin(), is.end(), std::int64_t{0});
+          const auto isum = detail::sum_splits(what, is, "input_split_sizes");
+          const auto osum = detail::sum_splits(what, os, "output_split_sizes");
           CCGRAPH_CHECK(isum == in[0].shape[0], what, ": input_split_sizes ", list_str(is),
                         " sum to ", isum, " but the input's dim 0 has size ", in[0].shape[0]);
           tensor_meta out = in[0];
-          out.shape[0] = std::accumulate(os.begin(), os.end(), std::int64_t{0});
+          out.shape[0] = osum;
+          CCGRAPH_CHECK(countable(out.shape), what, ": output_split_sizes ", list_str(os),
+                        " make an output of shape ", shape_str(out.shape),
+                        ", which has too many elements (the product of its sizes exceeds 2^63 - 1)");
           return {out};
         } else if constexpr (std::is_same_v<O, broadcast>) {
           detail::check_one_input(what, in.size());

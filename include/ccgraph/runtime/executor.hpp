@@ -167,6 +167,12 @@ class executor {
                   ctx.rank(), " runs on ", ctx.device());
     lint(g_);
     const auto& nodes = g_.nodes();
+    // A graph traced for another world or rank (world_size = 8 run on 2 ranks, one MPMD part
+    // run by a rank of another part) fails here, before any rank issues a collective.
+    for (const auto& n : nodes)
+      if (n->is_collective())
+        check_group_fits(detail::concat("compile: %", n->name(), " = ", ops::name_of(*n->collective())),
+                         *n->group(), ctx.rank(), ctx.world_size());
     last_use_.assign(nodes.size(), 0);
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
