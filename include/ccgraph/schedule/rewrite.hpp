@@ -50,8 +50,4 @@ inline void restore_topological_order(graph& g, const std::vector<node*>& prefer
   g.reorder(order);
 }
 
-/// restore_topological_order from the current order: used after a pass put a node after some
-/// of its readers. A graph already in topological order is left as it is.
-inline void restore_topological_order(graph& g) { restore_topological_order(g, std::vector<node*>(g.nodes())); }
-
 }  // namespace ccgraph::detail
