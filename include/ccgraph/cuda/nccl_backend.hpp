@@ -175,8 +175,17 @@ inline ncclDataType_t nccl_dtype(dtype dt) {
   CCGRAPH_THROW(::ccgraph::error, "nccl: unsupported dtype ", dt);
 }
 
-/// The NCCL reduction of `op`; NCCL has no bitwise reductions.
-inline ncclRedOp_t nccl_redop(reduce_op op, const char* what) {
+/// The NCCL reduction of `op` on elements of type `dt`. bool travels as bytes (nccl_dtype), so
+/// its reductions become the byte ones that give bool results (bool_reduce_as_bytes: sum is
+/// max, product min, as c10d does for sum; a byte sum would wrap to false at 256 trues). NCCL
+/// has no bitwise reductions: band, bor and bxor are errors, except band and bor on bool.
+inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
+  if (dt == dtype::boolean) {
+    const std::optional<reduce_op> bytes = bool_reduce_as_bytes(op);
+    CCGRAPH_CHECK(bytes.has_value(), what, ": reduce op ", op,
+                  " on bool tensors is not supported by NCCL (it has sum, product, min, max, band, bor for bool)");
+    op = *bytes;
+  }
   switch (op) {
     case reduce_op::sum: return ncclSum;
     case reduce_op::avg: return ncclAvg;
@@ -887,14 +896,14 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
             const auto& out = req.outputs[i];
             const ncclDataType_t dt = nccl_dtype(in.meta.dtype);
             if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, what), c, s));
+              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
                                  std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(ncclAllGather(buffer_ptr(in), buffer_ptr(out), numel(in), dt, c, s));
             } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
                                  std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(
-                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, what), c, s));
+                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::broadcast>) {
               CCGRAPH_CHECK_NCCL(ncclBroadcast(buffer_ptr(in), buffer_ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
             } else {
