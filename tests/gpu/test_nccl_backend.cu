@@ -9,6 +9,7 @@
 #include "../../examples/programs.hpp"
 #include "gpu_test.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -308,6 +309,33 @@ TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(ccgraph_test::gp
     out["mesh.dim0"] = values(cg::all_reduce(x, "sum", cg::group{mesh, 0}));
     ctx.register_group("pair", {1, 0});
     out["named.reversed"] = values(cg::all_gather_tensor(x, 0, cg::group{std::string("pair")}));
+    return out;
+  });
+}
+
+TEST_CASE("nccl.tagged_groups_get_their_own_communicators.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // Two groups over the same ranks with different tags (FSDP's all_gather and reduce_scatter
+  // groups) are two communicators, as two c10d process groups are; the same tag again reuses
+  // its communicator. Results match the threads backend's.
+  same_as_threads(2, [](cg::rank_context& ctx) {
+    results out;
+    auto x = cg::full<float>({8}, static_cast<float>(ctx.rank() + 1));
+    const cg::group ag{std::vector<int>{0, 1}, "fsdp_ag"}, rs{std::vector<int>{0, 1}, "fsdp_rs"};
+    for (int step = 0; step < 2; ++step) {
+      const std::string s = std::to_string(step);
+      out["ag." + s] = values(cg::all_gather_tensor(x, 0, ag));
+      out["rs." + s] = values(cg::reduce_scatter_tensor(x, "sum", 0, rs));
+      out["world." + s] = values(cg::all_reduce(x, "sum", ctx.world()));
+      out["world_tagged." + s] = values(cg::all_reduce(x, "max", ctx.world().tagged("fsdp_ag")));
+    }
+    if (auto* r = dynamic_cast<cg::cuda::detail::nccl_rank*>(&ctx.comm())) {
+      using key = std::pair<std::vector<int>, std::string>;
+      const auto comms = r->communicators();
+      CHECK(comms.size() == 3);  // the world's, and one per tag (the tagged world is [0, 1] "fsdp_ag")
+      CHECK(std::count(comms.begin(), comms.end(), key{{0, 1}, ""}) == 1);
+      CHECK(std::count(comms.begin(), comms.end(), key{{0, 1}, "fsdp_ag"}) == 1);
+      CHECK(std::count(comms.begin(), comms.end(), key{{0, 1}, "fsdp_rs"}) == 1);
+    }
     return out;
   });
 }

@@ -296,6 +296,8 @@ TEST_CASE("structural_hash.different_programs") {
   CHECK(hash(ar("sum"), cg::input<float>({4, 4}).as_pending()) != base);  // a pending input
   CHECK(hash([](auto a) { return cg::all_reduce(a, "sum", std::vector<int>{0, 1}); }, cg::input<float>({4, 4})) !=
         base);  // group
+  CHECK(hash([](auto a) { return cg::all_reduce(a, "sum", cg::group{"0"}.tagged("t")); }, cg::input<float>({4, 4})) !=
+        base);  // group tag
   // Groups by ranks: the pair {0, 1} traced on rank 0 and {2, 3} on rank 2 differ.
   auto pairs = [](auto a) { return cg::all_reduce(a, "sum", std::vector<std::vector<int>>{{0, 1}, {2, 3}}); };
   CHECK(cg::structural_hash(cg::trace(world(4, 0), pairs, cg::input<float>({4}))) !=

@@ -115,6 +115,27 @@ TEST_CASE("bucketing.all_reduce.adjacent_merge") {
   }
 }
 
+TEST_CASE("bucketing.tagged_groups_stay_apart") {
+  // Groups over the same ranks with different tags are different groups (communicators): their
+  // collectives never share a launch; those of one tag still do.
+  const auto g = cg::trace(ccgraph_test::world(2), [](auto a, auto b, auto c) {
+    const std::vector<int> ranks{0, 1};
+    auto ra = cg::all_reduce(a, "sum", cg::group{ranks, "x"});
+    auto rb = cg::all_reduce(b, "sum", cg::group{ranks, "x"});
+    auto rc = cg::all_reduce(c, "sum", cg::group{ranks, "y"});
+    return std::make_tuple(ra, rb, rc);
+  }, cg::input<float>({4}), cg::input<float>({4}), cg::input<float>({4}));
+  auto b = g;
+  cg::bucket_collectives(b, 1 << 20);
+  CHECK(b.count("all_reduce_coalesced") == 1);
+  CHECK(b.count("all_reduce") == 1);
+  for (const cg::node* n : b.nodes()) {
+    if (n->op() == "all_reduce") CHECK(n->group()->tag == "y");
+    if (n->op() == "all_reduce_coalesced") CHECK(n->group()->tag == "x");
+  }
+  CHECK(same_results(g, b, 2));
+}
+
 TEST_CASE("bucketing.cap.respected") {
   const auto g = cg::trace(ccgraph_test::world(2), three_all_reduces(cg::group{std::vector<int>{0, 1}}),
                            cg::input<float>({4, 4}), cg::input<float>({8}), cg::input<float>({2, 3}));

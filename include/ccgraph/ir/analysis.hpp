@@ -83,7 +83,10 @@ inline std::uint64_t structural_hash(const graph& g) {
       h.add(a.index);
     }
     h.add(n->metas());
-    if (n->group()) h.add(n->group()->ranks);
+    if (n->group()) {
+      h.add(n->group()->ranks);
+      h.add(n->group()->tag);
+    }
   }
   return h.h;
 }

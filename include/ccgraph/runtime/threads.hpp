@@ -36,10 +36,13 @@ struct threads_options {
 
 namespace detail {
 
+/// What identifies a group in a threads world: its ranks and its tag.
+using threads_group_key = std::pair<std::vector<int>, std::string>;
+
 /// One launched collective as queued on a rank's communication worker.
 struct threads_task {
   std::shared_ptr<collective_request> req;
-  std::vector<int> group_key;  // the group's ranks
+  threads_group_key group_key;  // the group's ranks and tag
   std::int64_t seq = 0;  // position among this group's collectives
   work_ptr done;
 };
@@ -65,7 +68,7 @@ class threads_world {
     ops::signature sig(req.op, req.input_metas(), req.group);
     std::lock_guard lk(mu_);
     if (aborted_) std::rethrow_exception(error_for(req.rank));
-    const std::int64_t seq = issued_[static_cast<std::size_t>(req.rank)][req.group.ranks]++;
+    const std::int64_t seq = issued_[static_cast<std::size_t>(req.rank)][{req.group.ranks, req.group.tag}]++;
     // The k-th collective rank a issues with peer b must match the k-th one b issues with a,
     // whatever other groups either is in: this catches differing ops, groups, dtypes, shapes.
     for (int peer : req.group.ranks) {
@@ -234,8 +237,8 @@ class threads_world {
   std::shared_ptr<group_registry> registry_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::pair<std::vector<int>, std::int64_t>, std::shared_ptr<slot>> slots_;
-  std::vector<std::map<std::vector<int>, std::int64_t>> issued_;
+  std::map<std::pair<threads_group_key, std::int64_t>, std::shared_ptr<slot>> slots_;
+  std::vector<std::map<threads_group_key, std::int64_t>> issued_;
   std::vector<bool> exited_;
   std::vector<std::vector<pair_log>> pairs_;
   bool aborted_ = false;
@@ -258,7 +261,7 @@ class threads_comm final : public communicator {
   work_ptr launch(std::shared_ptr<collective_request> req) override {
     req->rank = rank_;
     threads_task t;
-    t.group_key = req->group.ranks;
+    t.group_key = {req->group.ranks, req->group.tag};
     t.seq = world_.on_issue(*req);
     t.req = std::move(req);
     t.done = std::make_shared<work>();
