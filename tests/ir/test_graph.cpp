@@ -482,7 +482,8 @@ TEST_CASE("print.listing.snapshot") {
         "group=[0, 1])\n"
         "    %wait_tensor_1 : i32[2, 2] = wait_tensor(%reduce_scatter_tensor)\n"
         "    %broadcast : i32[2, 2] = broadcast(%wait_tensor_1, src=0, group=[0, 1])\n"
-        "    return %broadcast\n");
+        "    %wait_tensor_2 : i32[2, 2] = wait_tensor(%broadcast)\n"
+        "    return %wait_tensor_2\n");
   // An in-place call and a single returned value.
   auto inplace = cg::trace(world(2), [](auto t) {
     cg::all_reduce_(t, "bxor", "0");

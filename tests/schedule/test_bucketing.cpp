@@ -105,12 +105,14 @@ TEST_CASE("bucketing.all_reduce.adjacent_merge") {
     CHECK(b.count("all_reduce") == 0);
     REQUIRE(b.count("all_reduce_coalesced") == 1);
     CHECK(b.count("all_gather_into_tensor") == 1);
-    CHECK(b.count("wait_tensor") == 2);  // rb and gc are returned un-waited
+    CHECK(b.count("wait_tensor") == 4);  // one per output of the coalesced node, and gc's
     const cg::node* m = b.find("all_reduce_coalesced");
     CHECK(m->num_outputs() == 3);
     CHECK(m->args().size() == 3);
-    // The rb output is returned un-waited: the output node now reads the coalesced node.
-    CHECK(b.output_node()->args()[1] == cg::value_ref{const_cast<cg::node*>(m), 1});
+    // The rb output is returned through its wait, which now reads the coalesced node.
+    const cg::node* rb = b.output_node()->inputs()[1];
+    CHECK(rb->op() == "wait_tensor");
+    CHECK(rb->args()[0] == cg::value_ref{const_cast<cg::node*>(m), 1});
     CHECK(same_results(g, b, world));
   }
 }
