@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <ccgraph/ccgraph.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 
 #include "../../examples/programs.hpp"
 
@@ -791,6 +792,9 @@ struct interpreter {
   int rank, world;
   std::vector<V> pool;
   std::vector<double> bound;
+  /// A host value the program reads besides its steps (split sizes, a broadcast's src, a
+  /// permutation, a scalar): what a compiled function must not serve a stale graph for.
+  std::uint32_t salt = 0;
 
   /// The value, divided down so that its magnitude is at most `max`.
   V fit(const V& x, double& b, double max) {
@@ -857,7 +861,10 @@ struct interpreter {
         V u = x;
         switch (r[3] % (std::is_floating_point_v<T> ? 8 : 3)) {
           case 0: return push(V(cg::relu(x) + y), bx + by);
-          case 1: return push(V(-x + y * 2), bx + 2 * by);
+          case 1: {
+            const int k = 2 + static_cast<int>(salt % 2);
+            return push(V(-x + y * static_cast<T>(k)), bx + k * by);
+          }
           case 2: return push(V(cg::abs(x) - y), bx + by);
           default:
             if constexpr (std::is_floating_point_v<T>) {
@@ -919,7 +926,7 @@ struct interpreter {
       case 8: {  // all_to_all_single: even, or circulant uneven splits (same dim 0 everywhere)
         if (r[3] % 2) return push(cg::all_to_all_single(x, std::nullopt, std::nullopt, g), bx);
         std::vector<i64> c(static_cast<std::size_t>(n), 0);
-        std::mt19937 rng(r[4]);
+        std::mt19937 rng(r[4] ^ salt);
         for (int k = 0; k < 12; ++k) ++c[rng() % static_cast<unsigned>(n)];
         std::vector<i64> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
         for (int j = 0; j < n; ++j) {
@@ -929,11 +936,11 @@ struct interpreter {
         return push(cg::all_to_all_single(x, out, in, g), bx);
       }
       case 9:  // broadcast from a member of this rank's group
-        return push(cg::broadcast(x, members[r[3] % static_cast<unsigned>(n)], g), bx);
+        return push(cg::broadcast(x, members[(r[3] + salt) % static_cast<unsigned>(n)], g), bx);
       case 10: {  // permute_tensor by a random permutation of the group
         std::vector<int> perm(static_cast<std::size_t>(n));
         for (int i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = i;
-        std::shuffle(perm.begin(), perm.end(), std::mt19937(r[3]));
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(r[3] ^ salt));
         return push(cg::permute_tensor(x, perm, g), bx);
       }
       case 11: {  // coalesced collectives
@@ -1073,6 +1080,88 @@ TEST_CASE("trace.property.random_programs_traced_equal_eager") {
     CAPTURE(op);
     CHECK(ops_seen().count(op) == 1);
   }
+}
+
+namespace {
+
+/// The property again, over every way a traced program runs: on each of several values of a
+/// host value the program reads (`salt`), eager results must equal, bit for bit, what compile
+/// gives (with and without a memory plan, with results waited or pending), what a
+/// compile_function gives that reads the value captured (re-traced on every call), one that
+/// takes it as an argument (function_guard::arguments), and one that schedules too; each
+/// called over and over with values seen before, where a cache could serve a stale graph.
+/// Returns whether the value changed the program's graph.
+template <class T>
+bool no_stale_results(int world, std::uint64_t seed, int length) {
+  const auto program = make_program(seed, length);
+  const auto pick_out = static_cast<std::uint32_t>(seed * 7 + 3);
+  std::atomic<bool> salt_changes_graph{false};
+  run(world, [&](cg::rank_context& ctx) {
+    std::uint32_t salt = 0;  // captured: MoE routing read from outside the function
+    auto fn = [&](auto x0, auto x1) {
+      using V = decltype(x0);
+      return interpreter<V>{ctx.rank(), ctx.world_size(), {}, {}, salt}(program, x0, x1, pick_out);
+    };
+    auto fn_arg = [&](auto x0, auto x1, std::uint32_t s) {
+      using V = decltype(x0);
+      return interpreter<V>{ctx.rank(), ctx.world_size(), {}, {}, s}(program, x0, x1, pick_out);
+    };
+    auto captured = cg::compile_function<T, T>(fn, ctx);
+    auto passed = cg::compile_function<T, T, cg::host_arg<std::uint32_t>>(
+        fn_arg, ctx, {.guard = cg::function_guard::arguments});
+    auto scheduled = cg::compile_function<T, T>(
+        fn, ctx, {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = {.pending_outputs = true}});
+    const auto x0 = small_ints<T>(ctx.rank(), 0), x1 = small_ints<T>(ctx.rank(), 1);
+    auto same = [](const auto& got, const auto& want) {
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(i);
+        CHECK(same_bits(got[i], want[i]));
+      }
+    };
+    std::set<std::uint64_t> graphs;
+    for (std::uint32_t s : {0u, 1u, 0u, 2u, 2u, 1u, 0u}) {
+      CAPTURE(s);
+      salt = s;
+      const auto expected = fn(x0, x1);
+      auto g = cg::trace(fn, x0, x1);
+      graphs.insert(cg::structural_hash(g));
+      for (bool plan : {true, false})
+        for (bool pending : {false, true}) {
+          CAPTURE(plan);
+          CAPTURE(pending);
+          auto exe = cg::compile(g, ctx, {.memory_plan = plan, .pending_outputs = pending});
+          for (int call = 0; call < 2; ++call) same(exe(x0, x1), expected);
+        }
+      same(captured(x0, x1), expected);
+      same(passed(x0, x1, s), expected);
+      same(scheduled(x0, x1), expected);
+    }
+    CHECK(passed.compiles() == 3);  // one per value, found again later without tracing
+    CHECK(passed.traces() == 3);
+    CHECK(captured.compiles() == graphs.size());  // one per distinct program
+    CHECK(captured.traces() == 7);
+    if (graphs.size() > 1) salt_changes_graph = true;
+  });
+  return salt_changes_graph;
+}
+
+}  // namespace
+
+TEST_CASE("trace.property.no_cache_or_fast_path_differs_from_eager") {
+  int changed = 0, cases = 0;
+  for (int world : {1, 2, 3, 4}) {
+    for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+      CAPTURE(world);
+      CAPTURE(seed);
+      changed += no_stale_results<float>(world, seed * 307 + static_cast<std::uint64_t>(world), 24) ? 1 : 0;
+      changed += no_stale_results<std::int32_t>(world, seed * 401 + static_cast<std::uint64_t>(world), 24) ? 1 : 0;
+      cases += 2;
+    }
+  }
+  CHECK(cases == 16);
+  MESSAGE(changed, " of ", cases, " programs changed with the host value");
+  CHECK(changed >= cases / 2);  // the property is exercised, not vacuous
 }
 
 // ---------------------------------------------------------------------------------------------
