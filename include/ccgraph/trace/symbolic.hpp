@@ -18,8 +18,8 @@ namespace ccgraph {
 
 /// A value of the graph being traced, typed by its element type. Created by cg::trace for the
 /// inputs and by every op applied to symbolic values; views and ops record nodes. A symbolic
-/// result of a collective is waited (a wait_tensor node follows the collective), but remembers
-/// the collective's own output so that returning it unused returns it un-waited.
+/// result of a collective is its wait_tensor node's output (the wait follows the collective),
+/// returned results included.
 template <class T>
 class symbolic {
   static_assert(is_element_v<T>, "symbolic<T>: T must be a tensor element type");
