@@ -887,6 +887,30 @@ TEST_CASE("subgroup.only_members_call") {
   });
 }
 
+TEST_CASE("subgroup.tagged_groups_over_the_same_ranks") {
+  // FSDP's shape: all_gathers on one tagged group and reduce_scatters on another over the same
+  // ranks, interleaved with collectives of the untagged world group. Each tag is its own group
+  // with its own sequence of collectives; all give the untagged results.
+  run(3, [](cg::rank_context& ctx) {
+    const int me = ctx.rank();
+    const std::vector<int> all{0, 1, 2};
+    const cg::group ag{all, "fsdp_ag"}, rs{all, "fsdp_rs"};
+    const shape_t shape{6, 2};
+    for (int step = 0; step < 3; ++step) {
+      const auto msg = "step " + std::to_string(step) + ": ";
+      auto in = make_input<float>(shape, 1300 + static_cast<std::uint64_t>(step), me);
+      const auto ins = inputs_of<float>(all, shape, 1300 + static_cast<std::uint64_t>(step));
+      auto gathered = cg::all_gather_tensor(in, 0, ag);     // pending while the others run
+      auto scattered = cg::reduce_scatter_tensor(in, "sum", 0, rs);
+      auto reduced = cg::all_reduce(in, "max", ctx.world());
+      check_tensor(scattered, ref_slice(ref_reduce(ins, cg::reduce_op::sum), shape, 0, 2 * me, 2), (shape_t{2, 2}),
+                   msg + "reduce_scatter_tensor: ");
+      check_tensor(gathered, ref_concat(ins, shape, 0), (shape_t{18, 2}), msg + "all_gather_tensor: ");
+      check_tensor(reduced, ref_reduce(ins, cg::reduce_op::max), shape, msg + "all_reduce: ");
+    }
+  });
+}
+
 TEST_CASE("subgroup.every_form_gives_the_same_result") {
   // Real-valued floats, so that any difference in member order would show in the bits.
   run(4, [](cg::rank_context& ctx) {

@@ -655,6 +655,43 @@ TEST_CASE("mismatch.no_false_positive_random_groups_in_one_global_order") {
   CHECK(wrong == 0);
 }
 
+TEST_CASE("mismatch.different_tag") {
+  // A group tag is part of the group: the same ranks under another tag are another group (on
+  // NCCL another communicator), so pairing these two would hide a hang on GPUs.
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) {
+        auto t = cg::ones<float>({4});
+        cg::all_reduce(t, "sum", ctx.rank() == 0 ? ctx.world() : ctx.world().tagged("fsdp_rs")).wait();
+      },
+      "all_reduce(f32[4], op=sum, group=[0, 1])", "all_reduce(f32[4], op=sum, group=[0, 1]:fsdp_rs)");
+}
+
+TEST_CASE("mismatch.tagged_groups_issued_in_different_orders") {
+  // Two tagged groups over the same ranks have their own sequences of collectives, but every
+  // rank must still issue them in one order: NCCL runs a rank's communicators on its
+  // communication stream, and two communicators used in different orders on two ranks can
+  // deadlock (NCCL requires one order for communicators used concurrently). So the threads
+  // backend refuses it at once, naming both calls, instead of running it.
+  expect_mismatch(
+      2,
+      [](cg::rank_context& ctx) {
+        const cg::group ag{std::vector<int>{0, 1}, "ag"}, rs{std::vector<int>{0, 1}, "rs"};
+        auto t = cg::ones<float>({4});
+        if (ctx.rank() == 0) {
+          auto a = cg::all_gather_tensor(t, 0, ag);
+          cg::reduce_scatter_tensor(t, "sum", 0, rs).wait();
+          a.wait();
+        } else {
+          auto b = cg::reduce_scatter_tensor(t, "sum", 0, rs);
+          cg::all_gather_tensor(t, 0, ag).wait();
+          b.wait();
+        }
+      },
+      "all_gather_into_tensor(f32[4], group_size=2, group=[0, 1]:ag)",
+      "reduce_scatter_tensor(f32[4], op=sum, group_size=2, group=[0, 1]:rs)");
+}
+
 TEST_CASE("mismatch.different_dtype") {
   expect_mismatch(
       2,

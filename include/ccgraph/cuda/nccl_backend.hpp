@@ -171,8 +171,17 @@ inline ncclDataType_t nccl_dtype(dtype dt) {
   CCGRAPH_THROW(::ccgraph::error, "nccl: unsupported dtype ", dt);
 }
 
-/// The NCCL reduction of `op`; NCCL has no bitwise reductions.
-inline ncclRedOp_t nccl_redop(reduce_op op, const char* what) {
+/// The NCCL reduction of `op` on elements of type `dt`. bool travels as bytes (nccl_dtype), so
+/// its reductions become the byte ones that give bool results (bool_reduce_as_bytes: sum is
+/// max, product min, as c10d does for sum; a byte sum would wrap to false at 256 trues). NCCL
+/// has no bitwise reductions: band, bor and bxor are errors, except band and bor on bool.
+inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
+  if (dt == dtype::boolean) {
+    const std::optional<reduce_op> bytes = bool_reduce_as_bytes(op);
+    CCGRAPH_CHECK(bytes.has_value(), what, ": reduce op ", op,
+                  " on bool tensors is not supported by NCCL (it has sum, product, min, max, band, bor for bool)");
+    op = *bytes;
+  }
   switch (op) {
     case reduce_op::sum: return ncclSum;
     case reduce_op::avg: return ncclAvg;
@@ -465,16 +474,19 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// The watchdog blocking waits on this rank's threads poll.
   wait_watchdog* watchdog() { return &watchdog_; }
 
-  /// The communicator of the group `ranks` (global ranks, in group order), made on first use:
-  /// every member must ask for it (they do, by calling a collective on the group). When the
-  /// group is one part of `partition`, a partition of the world whose every rank asks at once
-  /// (a mesh dimension), it is split from the world's communicator by ncclCommSplit; any other
-  /// group is set up from an NCCL id its members exchange, since ranks outside it never call.
-  ncclComm_t comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition = {}) {
-    auto it = comms_.find(ranks);
+  /// The communicator of the group `ranks` (global ranks, in group order) tagged `tag`, made on
+  /// first use: every member must ask for it (they do, by calling a collective on the group).
+  /// Each (ranks, tag) has its own, as each c10d process group has. When the group is one part
+  /// of `partition`, a partition of the world whose every rank asks at once (a mesh dimension),
+  /// it is split from the world's communicator by ncclCommSplit; any other group is set up from
+  /// an NCCL id its members exchange, since ranks outside it never call.
+  ncclComm_t comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition = {},
+                      const std::string& tag = {}) {
+    auto it = comms_.find({ranks, tag});
     if (it != comms_.end()) return it->second.data ? it->second.data.get() : it->second.setup.get();
     std::string key = "nccl/";
     for (std::size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
+    if (!tag.empty()) key += "#" + tag;
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
     CCGRAPH_CHECK(pos < static_cast<std::ptrdiff_t>(ranks.size()), "nccl: rank ", rank_,
                   " is not in group ", key);
@@ -482,7 +494,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t c = nullptr;
-    const auto world = comms_.find(world_ranks_);
+    const auto world = comms_.find({world_ranks_, std::string()});
     const bool split = !partition.empty() && world != comms_.end() && world->second.setup;
     const std::string what = (split ? "ncclCommSplit(world -> " : "ncclCommInitRankConfig(") + key + ")";
     ncclResult_t r = ncclSuccess;
@@ -494,7 +506,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       r = ncclCommInitRankConfig(&c, static_cast<int>(ranks.size()), id, static_cast<int>(pos), &cfg);
     }
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
-    comm_pair& pair = comms_[ranks];
+    comm_pair& pair = comms_[{ranks, tag}];
     pair.setup = nccl_comm(c);  // owned before waiting, so a timeout's abort reaches it
     if (split) settle(world->second.setup.get(), what.c_str());
     settle(c, what.c_str());
@@ -517,9 +529,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// The communicator for overlapped collectives of group `ranks`: a blocking child of its
   /// set-up communicator capped at overlap_sms CTAs, made on the group's first overlapped
   /// collective (which every member reaches, as the hint comes from the graph).
-  ncclComm_t overlap_comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition) {
-    const ncclComm_t data = comm_for(ranks, partition);
-    comm_pair& pair = comms_.at(ranks);
+  ncclComm_t overlap_comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition,
+                              const std::string& tag) {
+    const ncclComm_t data = comm_for(ranks, partition, tag);
+    comm_pair& pair = comms_.at({ranks, tag});
     if (pair.overlap) return pair.overlap.get();
     if (!pair.data) return data;  // CCGRAPH_NCCL_NONBLOCKING=1: one communicator per group
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
@@ -544,7 +557,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const char* what = std::visit([](const auto& o) { return o.name.data(); }, req->op);
     // A copy-engine all_reduce always runs on the communication stream: the channel's flags
     // need one order of its all_reduces on each rank, and two streams could run them at once.
-    const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count(req->group.ranks);
+    const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
     const bool on_caller = !ce && (opt_.placement == collective_stream::caller ||
                                    (opt_.placement == collective_stream::automatic &&
                                     req->overlap == ::ccgraph::detail::overlap_hint::none));
@@ -564,8 +577,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
                      in.meta.dtype, std::get<ops::all_reduce>(req->op).op, s);
       ++copy_engine_launched_;
     } else {
-      ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition)
-                            : comm_for(req->group.ranks, req->group.partition);
+      ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition, req->group.tag)
+                            : comm_for(req->group.ranks, req->group.partition, req->group.tag);
       // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
       // is its own group, without the explicit one's extra host cost.
       // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
@@ -602,6 +615,15 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Collectives this rank launched on its communication stream ([0]) and on the caller's
   /// stream ([1]), recorded ones counted when recorded.
   std::array<std::uint64_t, 2> launched() const { return {launched_[0], launched_[1]}; }
+
+  /// The groups this rank has a communicator for, as (ranks, tag): one per group it ran a
+  /// collective on (the world's from the start), two groups of the same ranks with different
+  /// tags included.
+  std::vector<std::pair<std::vector<int>, std::string>> communicators() const {
+    std::vector<std::pair<std::vector<int>, std::string>> out;
+    for (const auto& [k, c] : comms_) out.push_back(k);
+    return out;
+  }
 
   /// All_reduces this rank ran on a copy-engine channel (recorded ones counted when recorded).
   std::uint64_t copy_engine_launched() const { return copy_engine_launched_; }
@@ -684,6 +706,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     std::shared_ptr<::ccgraph::detail::collective_request> req;  // for the timeout's message
     std::size_t bytes = 0;  // of its buffers
   };
+  /// What a group's communicators are kept by: its ranks and its tag.
+  using comm_key = std::pair<std::vector<int>, std::string>;
   /// A group's communicators: the non-blocking one it was set up with and the blocking child
   /// its collectives run on.
   struct comm_pair {
@@ -835,24 +859,25 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// them first), so each rank runs a channel's all_reduces in one order.
   const peer_channel* channel_for(const ::ccgraph::detail::collective_request& req, cudaStream_t s, bool in_capture) {
     const auto& ranks = req.group.ranks;
-    if (no_channel_.count(ranks)) return nullptr;
+    const comm_key key{ranks, req.group.tag};
+    if (no_channel_.count(key)) return nullptr;
     const auto& in = req.inputs[0];
     const std::size_t bytes = static_cast<std::size_t>(numel_of(in.meta.shape)) * element_size(in.meta.dtype);
-    auto it = channels_.find(ranks);
+    auto it = channels_.find(key);
     if (it != channels_.end() && it->second->capacity() >= bytes) return it->second.get();
     if (in_capture) return nullptr;
-    const ncclComm_t c = comm_for(ranks, req.group.partition);
+    const ncclComm_t c = comm_for(ranks, req.group.partition, req.group.tag);
     device_scope scope(device_);
     if (it == channels_.end()) {
       auto ch = peer_channel::open(c, req.group.index_of(rank_), device_, bytes, s);
       if (!ch) {
-        no_channel_.insert(ranks);
+        no_channel_.insert(key);
         return nullptr;
       }
-      return channels_.emplace(ranks, std::move(ch)).first->second.get();
+      return channels_.emplace(key, std::move(ch)).first->second.get();
     }
     if (!it->second->reserve(c, bytes, s)) {
-      no_channel_.insert(ranks);
+      no_channel_.insert(key);
       return nullptr;
     }
     return it->second.get();
@@ -886,14 +911,14 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
             const auto& out = req.outputs[i];
             const ncclDataType_t dt = nccl_dtype(in.meta.dtype);
             if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, what), c, s));
+              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
                                  std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(ncclAllGather(buffer_ptr(in), buffer_ptr(out), numel(in), dt, c, s));
             } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
                                  std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(
-                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, what), c, s));
+                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::broadcast>) {
               CCGRAPH_CHECK_NCCL(ncclBroadcast(buffer_ptr(in), buffer_ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
             } else {
@@ -937,9 +962,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   stream comm_stream_;
   event ready_;  // orders the communication stream after the producer; re-recorded per launch
   std::shared_ptr<event_pool> events_;
-  std::map<std::vector<int>, comm_pair> comms_;
-  std::map<std::vector<int>, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
-  std::set<std::vector<int>> no_channel_;  // groups whose ranks cannot have one
+  std::map<comm_key, comm_pair> comms_;
+  std::map<comm_key, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
+  std::set<comm_key> no_channel_;  // groups whose ranks cannot have one
   std::uint64_t copy_engine_launched_ = 0;
   std::deque<inflight> inflight_;
   // CCGRAPH_NCCL_NONBLOCKING=1: collectives run on the non-blocking set-up communicators.

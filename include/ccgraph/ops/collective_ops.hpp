@@ -220,20 +220,22 @@ inline std::string describe(const collective_op& op, const std::vector<tensor_me
         });
       },
       op);
-  os << ", group=" << list_str(g.ranks) << ')';
+  os << ", group=" << list_str(g.ranks) << (g.tag.empty() ? "" : ":") << g.tag << ')';
   return os.str();
 }
 
-/// What every member of one collective must agree on: the op and its attributes, the group,
-/// and the input metas, except for what legitimately differs per rank (all_to_all_single's split
-/// sizes and dim 0). Compared structurally (Hana's generic equality), formatted only for errors.
+/// What every member of one collective must agree on: the op and its attributes, the group
+/// (ranks and tag), and the input metas, except for what legitimately differs per rank
+/// (all_to_all_single's split sizes and dim 0). Compared structurally (Hana's generic
+/// equality), formatted only for errors.
 struct signature {
   collective_op op;
   std::vector<int> ranks;
   std::vector<tensor_meta> inputs;
+  std::string tag;
 
   signature(const collective_op& o, const std::vector<tensor_meta>& in, const group_info& g)
-      : op(o), ranks(g.ranks), inputs(in) {
+      : op(o), ranks(g.ranks), inputs(in), tag(g.tag) {
     if (std::holds_alternative<all_to_all_single>(op)) {
       op = all_to_all_single{};
       for (auto& m : inputs)
@@ -241,7 +243,8 @@ struct signature {
     }
   }
   friend bool operator==(const signature& a, const signature& b) {
-    if (a.op.index() != b.op.index() || a.ranks != b.ranks || a.inputs != b.inputs) return false;
+    if (a.op.index() != b.op.index() || a.ranks != b.ranks || a.tag != b.tag || a.inputs != b.inputs)
+      return false;
     return std::visit(
         [&](const auto& x) {
           return bool(boost::hana::equal(x, std::get<std::decay_t<decltype(x)>>(b.op)));
@@ -250,7 +253,7 @@ struct signature {
   }
   /// The call-shaped description, with "?" for the parts allowed to differ.
   std::string str() const {
-    auto s = describe(op, inputs, group_info{"", ranks, {}});
+    auto s = describe(op, inputs, group_info{"", ranks, {}, tag});
     for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
     return s;
   }

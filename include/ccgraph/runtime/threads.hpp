@@ -40,12 +40,14 @@ struct threads_options {
 
 namespace detail {
 
-/// What a group's collectives are numbered by: its members. Two calls belong to one sequence
-/// exactly when their keys are equal (extend here, e.g. with a group tag).
+/// What a group's collectives are numbered by: its members and its tag. Two calls belong to one
+/// sequence exactly when their keys are equal: a tagged group over the same ranks is another
+/// group, with its own sequence (as c10d's group tags give it its own communicator).
 struct threads_group_key {
   std::vector<int> ranks;
+  std::string tag;
   friend auto operator<=>(const threads_group_key&, const threads_group_key&) = default;
-  static threads_group_key of(const group_info& g) { return {g.ranks}; }
+  static threads_group_key of(const group_info& g) { return {g.ranks, g.tag}; }
 };
 
 /// One collective of one group (its position `seq` in the group's sequence), from the first

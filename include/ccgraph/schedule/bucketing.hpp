@@ -76,12 +76,12 @@ inline std::optional<dtype> input_dtype(const node& n) {
   return d;
 }
 
-/// True when collectives `a` and `b` may share one coalesced launch: same family, group (rank
-/// list), reduce op and dtype.
+/// True when collectives `a` and `b` may share one coalesced launch: same family, group (ranks
+/// and tag), reduce op and dtype.
 inline bool bucket_compatible(const node& a, const node& b) {
   const auto ca = *a.collective(), cb = *b.collective();
   const int fa = bucket_family(ca);
-  return fa >= 0 && fa == bucket_family(cb) && a.group()->ranks == b.group()->ranks &&
+  return fa >= 0 && fa == bucket_family(cb) && *a.group() == *b.group() &&
          reduce_op_of(ca) == reduce_op_of(cb) && input_dtype(a) && input_dtype(a) == input_dtype(b);
 }
 
