@@ -38,6 +38,7 @@
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
+#include <ccgraph/cuda/nccl_ops.hpp>
 #include <ccgraph/cuda/peer_channel.hpp>
 #include <ccgraph/cuda/runtime.hpp>
 #include <ccgraph/cuda/stream.hpp>
@@ -155,44 +156,6 @@ struct nccl_options {
 };
 
 namespace detail {
-
-/// The NCCL element type of `dt` (bool travels as bytes, as in PyTorch).
-inline ncclDataType_t nccl_dtype(dtype dt) {
-  switch (dt) {
-    case dtype::f32: return ncclFloat32;
-    case dtype::f64: return ncclFloat64;
-    case dtype::i32: return ncclInt32;
-    case dtype::i64: return ncclInt64;
-    case dtype::u8: return ncclUint8;
-    case dtype::boolean: return ncclUint8;
-    case dtype::bf16: return ncclBfloat16;
-    case dtype::f16: return ncclFloat16;
-  }
-  CCGRAPH_THROW(::ccgraph::error, "nccl: unsupported dtype ", dt);
-}
-
-/// The NCCL reduction of `op` on elements of type `dt`. bool travels as bytes (nccl_dtype), so
-/// its reductions become the byte ones that give bool results (bool_reduce_as_bytes: sum is
-/// max, product min, as c10d does for sum; a byte sum would wrap to false at 256 trues). NCCL
-/// has no bitwise reductions: band, bor and bxor are errors, except band and bor on bool.
-inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
-  if (dt == dtype::boolean) {
-    const std::optional<reduce_op> bytes = bool_reduce_as_bytes(op);
-    CCGRAPH_CHECK(bytes.has_value(), what, ": reduce op ", op,
-                  " on bool tensors is not supported by NCCL (it has sum, product, min, max, band, bor for bool)");
-    op = *bytes;
-  }
-  switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::avg: return ncclAvg;
-    case reduce_op::product: return ncclProd;
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
-    default: break;
-  }
-  CCGRAPH_THROW(::ccgraph::error, what, ": reduce op ", op,
-                " is not supported by NCCL (it has sum, avg, product, min, max)");
-}
 
 /// Whether `req` may run on a copy-engine channel under `opt` (the channel must also exist:
 /// peer access, set-up outside a recording): a single all_reduce of a two-rank group, of a
@@ -582,8 +545,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
       // is its own group, without the explicit one's extra host cost.
       // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
-      const bool grouped = nonblocking_ || req->inputs.size() > 1 ||
-                           std::holds_alternative<ops::all_to_all_single>(req->op);
+      const bool grouped = nonblocking_ || req->inputs.size() > 1 || detail::nccl_always_grouped(req->op);
       if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
       ncclResult_t r = ncclSuccess;
       try {
@@ -899,58 +861,17 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     }
   }
 
-  /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several).
+  /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several):
+  /// nccl_impl<O>::issue per tensor (cuda/nccl_ops.hpp).
   void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, cudaStream_t s, const char* what) {
-    auto numel = [](const ::ccgraph::detail::buffer& b) { return static_cast<std::size_t>(numel_of(b.meta.shape)); };
-    const int me = req.group.index_of(rank_);
     std::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
-          for (std::size_t i = 0; i < req.inputs.size(); ++i) {
-            const auto& in = req.inputs[i];
-            const auto& out = req.outputs[i];
-            const ncclDataType_t dt = nccl_dtype(in.meta.dtype);
-            if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
-            } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
-                                 std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllGather(buffer_ptr(in), buffer_ptr(out), numel(in), dt, c, s));
-            } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
-                                 std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
-              CCGRAPH_CHECK_NCCL(
-                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
-            } else if constexpr (std::is_same_v<O, ops::broadcast>) {
-              CCGRAPH_CHECK_NCCL(ncclBroadcast(buffer_ptr(in), buffer_ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
-            } else {
-              static_assert(std::is_same_v<O, ops::all_to_all_single>);
-              // Grouped send/recv: rows of dim 0, split per peer in group order.
-              const int n = req.group.size();
-              const std::int64_t rows_in = in.meta.shape.empty() ? 1 : in.meta.shape[0];
-              const std::int64_t row = rows_in ? numel_of(in.meta.shape) / rows_in : 0;
-              auto splits = [&](const std::vector<std::int64_t>& v, std::int64_t total) {
-                return v.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(n), total / n) : v;
-              };
-              const std::int64_t rows_out = out.meta.shape.empty() ? 1 : out.meta.shape[0];
-              const auto ins = splits(o.input_split_sizes, rows_in);
-              const auto outs = splits(o.output_split_sizes, rows_out);
-              const auto esz = static_cast<std::int64_t>(element_size(in.meta.dtype));
-              std::int64_t so = 0, ro = 0;
-              for (int j = 0; j < n; ++j) {
-                const auto sj = static_cast<std::size_t>(j);
-                if (ins[sj] * row > 0)
-                  CCGRAPH_CHECK_NCCL(ncclSend(static_cast<char*>(buffer_ptr(in)) + so * row * esz,
-                                              static_cast<std::size_t>(ins[sj] * row), dt, j, c, s));
-                if (outs[sj] * row > 0)
-                  CCGRAPH_CHECK_NCCL(ncclRecv(static_cast<char*>(buffer_ptr(out)) + ro * row * esz,
-                                              static_cast<std::size_t>(outs[sj] * row), dt, j, c, s));
-                so += ins[sj];
-                ro += outs[sj];
-              }
-            }
-          }
+          for (std::size_t i = 0; i < req.inputs.size(); ++i)
+            detail::nccl_impl<O>::issue(o, detail::nccl_call{req, req.inputs[i], req.outputs[i], buffer_ptr(req.inputs[i]),
+                                                              buffer_ptr(req.outputs[i]), c, s, what});
         },
         req.op);
-    (void)me;
   }
 
   int rank_;

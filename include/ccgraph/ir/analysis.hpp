@@ -23,7 +23,7 @@ namespace ccgraph {
 inline std::vector<std::string> op_sequence(const graph& g) {
   std::vector<std::string> seq;
   for (const node* n : g.nodes()) {
-    if (std::holds_alternative<ops::placeholder>(n->kind()) || std::holds_alternative<ops::output>(n->kind()))
+    if (n->category() == op_category::input || n->category() == op_category::output)
       continue;
     if (auto* p = std::get_if<ops::pointwise>(&n->kind()))
       seq.push_back(p->fused);
@@ -142,8 +142,8 @@ inline void lint(const graph& g) {
       fail("node %" + n->name() + " is at " + std::to_string(i) + " but records position " +
            std::to_string(g.position(n)));
     if (!names.insert(n->name()).second) fail("duplicate node name %" + n->name());
-    const bool is_ph = std::holds_alternative<ops::placeholder>(n->kind());
-    const bool is_out = std::holds_alternative<ops::output>(n->kind());
+    const bool is_ph = n->category() == op_category::input;
+    const bool is_out = n->category() == op_category::output;
     if (is_ph && seen_compute) fail("placeholder %" + n->name() + " after other nodes");
     if (!is_ph) seen_compute = true;
     if (is_out && i + 1 != nodes.size()) fail("output node %" + n->name() + " is not last");
@@ -182,7 +182,7 @@ inline void lint(const graph& g) {
           for (auto& a : u->args())
             if (a.src == n && a.index == k) {
               if (u->is_wait()) ++waits;
-              else if (std::holds_alternative<ops::output>(u->kind())) ++returned;
+              else if (u->category() == op_category::output) ++returned;
             }
         if (waits > 1 || (waits == 0 && returned == 0))
           fail("collective %" + n->name() + " output " + std::to_string(k) + " has " +

@@ -74,18 +74,20 @@ class node {
   /// The collective this node runs, if it is one.
   std::optional<ops::collective_op> collective() const { return as_collective(op_); }
   /// True for collective nodes.
-  bool is_collective() const { return collective().has_value(); }
+  bool is_collective() const { return category_of(op_) == op_category::collective; }
+  /// The op's category (op_traits<O>::category).
+  op_category category() const { return category_of(op_); }
   /// True for wait_tensor nodes.
-  bool is_wait() const { return std::holds_alternative<ops::wait_tensor>(op_); }
+  bool is_wait() const { return category() == op_category::wait; }
   /// True for nodes dead-code elimination must keep: inputs, outputs, collectives and waits.
   bool is_impure() const {
-    return is_collective() || is_wait() || std::holds_alternative<ops::placeholder>(op_) ||
-           std::holds_alternative<ops::output>(op_);
+    const op_category c = category();
+    return c == op_category::collective || c == op_category::wait || c == op_category::input ||
+           c == op_category::output;
   }
-  /// True for view ops (the output aliases the input).
-  bool is_view() const {
-    return std::visit([](const auto& o) { return is_view_op_v<std::decay_t<decltype(o)>>; }, op_);
-  }
+  /// True for view ops: the output aliases the input (reshape and contiguous: unless the
+  /// input's layout forces a copy).
+  bool is_view() const { return category() == op_category::view; }
   /// The graph that owns this node.
   const graph* owner() const { return owner_; }
 

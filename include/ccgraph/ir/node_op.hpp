@@ -1,5 +1,5 @@
 // ccgraph/ir/node_op.hpp: the closed set of graph node kinds, each one of the op definitions in
-// ops/, and the inference that dispatches to them.
+// ops/ with its op_traits, the check that every one is complete, and the visits that read them.
 #pragma once
 
 #include <optional>
@@ -10,6 +10,7 @@
 
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
+#include <ccgraph/ops/squeeze.hpp>
 
 namespace ccgraph {
 
@@ -24,39 +25,76 @@ using node_op = std::variant<
     ops::matmul, ops::pointwise, ops::cat, ops::repeat, ops::copy,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
-    ops::contiguous>;
+    ops::contiguous, ops::squeeze>;
 
 namespace detail {
 template <class O, class V>
 inline constexpr bool variant_has_v = false;
 template <class O, class... Ts>
 inline constexpr bool variant_has_v<O, std::variant<Ts...>> = (std::is_same_v<O, Ts> || ...);
+
+/// Every op of the closed set has every behaviour its category needs (ops/op_traits.hpp): a
+/// forgotten one fails to compile here, naming the behaviour, with the op in the backtrace.
+template <class... Os>
+constexpr bool check_ops(const std::variant<Os...>*) {
+  return (check_op<Os>() && ...);
+}
+static_assert(check_ops(static_cast<const node_op*>(nullptr)));
+static_assert(check_ops(static_cast<const ops::collective_op*>(nullptr)));
 }  // namespace detail
+
+/// Visits the op's type: `f(o)` with `o` the op struct. Every dispatcher is one such visit that
+/// reads op_traits<O>, so it has no default branch.
+template <class F>
+decltype(auto) visit_op(const node_op& op, F&& f) {
+  return std::visit(std::forward<F>(f), op);
+}
 
 /// True for op types that are collectives.
 template <class O>
-inline constexpr bool is_collective_op_v = detail::variant_has_v<O, ops::collective_op>;
+inline constexpr bool is_collective_op_v = op_traits<O>::category == op_category::collective;
 
-/// True for the view ops (results alias their input).
+/// True for the view ops (results alias their input, or copy it when its layout forces one:
+/// reshape, contiguous).
 template <class O>
-inline constexpr bool is_view_op_v =
-    std::is_same_v<O, ops::reshape> || std::is_same_v<O, ops::narrow> ||
-    std::is_same_v<O, ops::transpose> || std::is_same_v<O, ops::permute> ||
-    std::is_same_v<O, ops::select> || std::is_same_v<O, ops::unsqueeze>;
+inline constexpr bool is_view_op_v = op_traits<O>::category == op_category::view;
 
 /// The op's name: "all_reduce", "matmul", "pointwise", ...
 inline std::string_view name_of(const node_op& op) {
-  return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::name; }, op);
+  return visit_op(op, [](const auto& o) { return std::decay_t<decltype(o)>::name; });
+}
+
+/// The op's category.
+inline op_category category_of(const node_op& op) {
+  return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::category; });
+}
+
+/// Where the op's outputs live.
+inline alias_kind aliasing_of(const node_op& op) {
+  return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::aliasing; });
+}
+
+/// True when the op may write output k into input k's buffer when that input dies there.
+inline bool in_place_input_of(const node_op& op) {
+  return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::in_place_input; });
+}
+
+/// What the cost model prices for `op` on inputs `in` giving `out` (group_size for collectives).
+inline op_cost cost_of(const node_op& op, const std::vector<tensor_meta>& in, const std::vector<tensor_meta>& out,
+                       int group_size = 1) {
+  return visit_op(op, [&](const auto& o) {
+    using O = std::decay_t<decltype(o)>;
+    detail::require_cost<O>();
+    return op_traits<O>::cost(o, cost_args{in, out, group_size});
+  });
 }
 
 /// The collective in `op`, if it is one.
 inline std::optional<ops::collective_op> as_collective(const node_op& op) {
-  return std::visit(
-      [](const auto& o) -> std::optional<ops::collective_op> {
-        if constexpr (is_collective_op_v<std::decay_t<decltype(o)>>) return ops::collective_op(o);
-        else return std::nullopt;
-      },
-      op);
+  return visit_op(op, [](const auto& o) -> std::optional<ops::collective_op> {
+    if constexpr (is_collective_op_v<std::decay_t<decltype(o)>>) return ops::collective_op(o);
+    else return std::nullopt;
+  });
 }
 
 /// A collective as a node op.
@@ -65,32 +103,18 @@ inline node_op to_node_op(const ops::collective_op& c) {
 }
 
 /// Output metas of `op` on inputs `in` (`group` for collectives), validating with the same
-/// messages as the eager calls.
+/// messages as the eager calls: op_traits<O>::infer.
 inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tensor_meta>& in,
                                       const std::optional<group_info>& group) {
-  auto out = std::visit(
-      [&](const auto& o) -> std::vector<tensor_meta> {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (is_collective_op_v<O>) {
-          CCGRAPH_CHECK(group.has_value(), O::name, ": a collective node needs a group");
-          return ops::infer(ops::collective_op(o), in, *group);
-        } else if constexpr (std::is_same_v<O, ops::placeholder> || std::is_same_v<O, ops::output>) {
-          return {};
-        } else if constexpr (std::is_same_v<O, ops::pointwise>) {
-          CCGRAPH_CHECK(!in.empty(), "pointwise: needs at least one tensor input");
-          ops::detail::expect_same_dtype("pointwise", in);
-          shape_t s = in[0].shape;
-          for (auto& m : in) s = broadcast_shapes(s, m.shape, o.fused.c_str());
-          return {{in[0].dtype, s}};
-        } else {
-          return ops::infer_compute(o, in);
-        }
-      },
-      op);
+  const infer_ctx ctx{group ? &*group : nullptr};
+  auto out = visit_op(op, [&](const auto& o) {
+    using O = std::decay_t<decltype(o)>;
+    detail::require_infer<O>();
+    return op_traits<O>::infer(o, in, ctx);
+  });
   // Every value a graph holds has a countable shape (a broadcast or matmul can outgrow its
   // inputs), so sizes and plans computed from it never overflow.
-  for (const auto& m : out)
-    (void)checked_numel(m.shape, std::visit([](const auto& o) { return std::decay_t<decltype(o)>::name; }, op));
+  for (const auto& m : out) (void)checked_numel(m.shape, name_of(op));
   return out;
 }
 

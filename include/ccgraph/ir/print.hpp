@@ -51,7 +51,7 @@ inline std::string call_str(const node& n) {
   std::visit(
       [&](const auto& o) {
         using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, ops::pointwise>) {
+        if constexpr (op_traits<O>::category == op_category::pointwise) {  // printed as its fused chain
           os << o.fused << '(';
           for (auto& a : n.args()) sep(), os << ref_str(a);
           sep();
@@ -62,7 +62,7 @@ inline std::string call_str(const node& n) {
           boost::hana::for_each(boost::hana::accessors<O>(), [&](auto acc) {
             const std::string_view key = boost::hana::to<char const*>(boost::hana::first(acc));
             const auto& value = boost::hana::second(acc)(o);
-            if constexpr (std::is_same_v<O, ops::placeholder>) {
+            if constexpr (op_traits<O>::category == op_category::input) {
               if (key == "index" || (key == "pending" && !value)) return;
             }
             sep();
@@ -81,7 +81,7 @@ inline std::string call_str(const node& n) {
 
 /// One SSA line: `%ar : f32[8, 4] = all_reduce(%z, op=sum, group=0)`.
 inline std::string to_string(const node& n) {
-  if (std::holds_alternative<ops::output>(n.kind())) {
+  if (n.category() == op_category::output) {
     std::string s = "return ";
     if (n.args().size() == 1) return s + detail::ref_str(n.args()[0]);
     s += '(';
@@ -138,8 +138,7 @@ inline std::string to_dot(const graph& g) {
     if (auto* p = std::get_if<ops::pointwise>(&n->kind())) op = p->fused;
     const char* color = n->is_collective() ? "lightsalmon"
                         : n->is_wait()     ? "khaki"
-                        : std::holds_alternative<ops::placeholder>(n->kind()) ||
-                                std::holds_alternative<ops::output>(n->kind())
+                        : n->category() == op_category::input || n->category() == op_category::output
                             ? "lightgrey"
                             : "lightblue";
     os << "  \"" << n->name() << "\" [label=\"%" << n->name() << "\\n" << op;

@@ -24,6 +24,7 @@
 #include <ccgraph/core/reduce_op.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/group/group.hpp>
+#include <ccgraph/ops/op_traits.hpp>
 
 namespace ccgraph::ops {
 
@@ -119,12 +120,20 @@ inline std::int64_t sum_splits(std::string_view what, const std::vector<std::int
   return sum;
 }
 
+/// The one "multiple of group size" rule: `shape`'s dim `index` (called `dim` in the message, as
+/// the caller named it) must exist and be a multiple of group_size `n`.
+inline void check_group_multiple(std::string_view what, std::int64_t dim, std::size_t index,
+                                 const shape_t& shape, int n, std::string_view suffix = {}) {
+  const std::int64_t size = index < shape.size() ? shape[index] : 0;
+  CCGRAPH_CHECK(index < shape.size() && size % n == 0, what, ": dim ", dim, " (size ", size,
+                ") must be a multiple of group_size ", n, suffix);
+}
+
 inline tensor_meta scatter_meta(std::string_view what, const tensor_meta& in, int n,
                                 std::size_t index = 0, bool coalesced = false) {
   check_has_dim0(what, in);
-  CCGRAPH_CHECK(in.shape[0] % n == 0, what, ": dim 0 (size ", in.shape[0],
-                ") must be a multiple of group_size ", n,
-                coalesced ? " for tensor at index " + std::to_string(index) : std::string());
+  check_group_multiple(what, 0, 0, in.shape, n,
+                       coalesced ? " for tensor at index " + std::to_string(index) : std::string());
   tensor_meta out = in;
   out.shape[0] /= n;
   return out;
@@ -134,68 +143,283 @@ inline void check_one_input(std::string_view what, std::size_t n) {
   CCGRAPH_CHECK(n == 1, what, ": expects one input, got ", n);
 }
 
+/// The group a collective's inference needs.
+inline const group_info& group_of(std::string_view what, const infer_ctx& c) {
+  CCGRAPH_CHECK(c.group != nullptr, what, ": a collective node needs a group");
+  return *c.group;
+}
+
+inline double bytes_of(const std::vector<tensor_meta>& ms) {
+  double b = 0;
+  for (const auto& m : ms) b += double(numel_of(m.shape)) * double(element_size(m.dtype));
+  return b;
+}
+
+/// What every collective declares alike: its category, and outputs in new buffers. The
+/// gradient and sharding slots differ per collective, so each declares its own.
+struct collective_traits_common {
+  static constexpr op_category category = op_category::collective;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+};
+
+/// Per-tensor inference of a coalesced collective.
+template <class F>
+std::vector<tensor_meta> infer_each(std::string_view what, const std::vector<tensor_meta>& in, F&& one) {
+  CCGRAPH_CHECK(!in.empty(), what, ": expects at least one input tensor");
+  std::vector<tensor_meta> out;
+  for (std::size_t i = 0; i < in.size(); ++i) out.push_back(one(in[i], i));
+  return out;
+}
+
 }  // namespace detail
+}  // namespace ccgraph::ops
+
+namespace ccgraph {
+
+// ---- the traits of each collective ----
+
+template <>
+struct op_traits<ops::all_reduce> : ops::detail::collective_traits_common {
+  using O = ops::all_reduce;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = true;  // output k may take input k's buffer when it dies
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    (void)ops::detail::group_of(O::name, c);
+    ops::detail::check_one_input(O::name, in.size());
+    ops::detail::check_reduce_dtype(O::name, o.op, in[0].dtype);
+    return {in[0]};
+  }
+  template <class M>
+  static void run_cpu(const O& o, const M& m) { m.reduce(0, o.op, 0); }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::all_reduce, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::all_reduce;
+  using single_op = O;
+  using coalesced_op = ops::all_reduce_coalesced;
+  static coalesced_op coalesce(const O& o, int) { return {o.op}; }
+  static std::optional<reduce_op> reduce(const O& o) { return o.op; }
+};
+
+template <>
+struct op_traits<ops::all_reduce_coalesced> : ops::detail::collective_traits_common {
+  using O = ops::all_reduce_coalesced;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = true;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    (void)ops::detail::group_of(O::name, c);
+    return ops::detail::infer_each(O::name, in, [&](const tensor_meta& m, std::size_t) {
+      ops::detail::check_reduce_dtype(O::name, o.op, m.dtype);
+      return m;
+    });
+  }
+  template <class M>
+  static void run_cpu(const O& o, const M& m) {
+    for (std::size_t k = 0; k < m.tensors(); ++k) m.reduce(k, o.op, 0);
+  }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::all_reduce, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::all_reduce;
+  using single_op = ops::all_reduce;
+  using coalesced_op = O;
+  static coalesced_op coalesce(const O& o, int) { return o; }
+  static std::optional<reduce_op> reduce(const O& o) { return o.op; }
+};
+
+template <>
+struct op_traits<ops::all_gather_into_tensor> : ops::detail::collective_traits_common {
+  using O = ops::all_gather_into_tensor;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    const int n = ops::detail::group_of(O::name, c).size();
+    ops::detail::check_one_input(O::name, in.size());
+    return {ops::detail::gather_meta(O::name, in[0], n)};
+  }
+  template <class M>
+  static void run_cpu(const O&, const M& m) { m.gather(0); }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::all_gather, ops::detail::bytes_of(a.in) * a.group_size);
+  }
+  static constexpr bucket_family family = bucket_family::all_gather;
+  using single_op = O;
+  using coalesced_op = ops::all_gather_into_tensor_coalesced;
+  static coalesced_op coalesce(const O&, int n) { return {n}; }
+  static std::optional<reduce_op> reduce(const O&) { return std::nullopt; }
+};
+
+template <>
+struct op_traits<ops::all_gather_into_tensor_coalesced> : ops::detail::collective_traits_common {
+  using O = ops::all_gather_into_tensor_coalesced;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    const int n = ops::detail::group_of(O::name, c).size();
+    return ops::detail::infer_each(O::name, in, [&](const tensor_meta& m, std::size_t i) {
+      return ops::detail::gather_meta(O::name, m, n, i, true);
+    });
+  }
+  template <class M>
+  static void run_cpu(const O&, const M& m) {
+    for (std::size_t k = 0; k < m.tensors(); ++k) m.gather(k);
+  }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::all_gather, ops::detail::bytes_of(a.in) * a.group_size);
+  }
+  static constexpr bucket_family family = bucket_family::all_gather;
+  using single_op = ops::all_gather_into_tensor;
+  using coalesced_op = O;
+  static coalesced_op coalesce(const O&, int n) { return {n}; }
+  static std::optional<reduce_op> reduce(const O&) { return std::nullopt; }
+};
+
+template <>
+struct op_traits<ops::reduce_scatter_tensor> : ops::detail::collective_traits_common {
+  using O = ops::reduce_scatter_tensor;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    const int n = ops::detail::group_of(O::name, c).size();
+    ops::detail::check_one_input(O::name, in.size());
+    ops::detail::check_reduce_dtype(O::name, o.op, in[0].dtype);
+    return {ops::detail::scatter_meta(O::name, in[0], n)};
+  }
+  template <class M>
+  static void run_cpu(const O& o, const M& m) { m.reduce(0, o.op, m.me()); }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::reduce_scatter, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::reduce_scatter;
+  using single_op = O;
+  using coalesced_op = ops::reduce_scatter_tensor_coalesced;
+  static coalesced_op coalesce(const O& o, int n) { return {o.op, n}; }
+  static std::optional<reduce_op> reduce(const O& o) { return o.op; }
+};
+
+template <>
+struct op_traits<ops::reduce_scatter_tensor_coalesced> : ops::detail::collective_traits_common {
+  using O = ops::reduce_scatter_tensor_coalesced;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    const int n = ops::detail::group_of(O::name, c).size();
+    return ops::detail::infer_each(O::name, in, [&](const tensor_meta& m, std::size_t i) {
+      ops::detail::check_reduce_dtype(O::name, o.op, m.dtype);
+      return ops::detail::scatter_meta(O::name, m, n, i, true);
+    });
+  }
+  template <class M>
+  static void run_cpu(const O& o, const M& m) {
+    for (std::size_t k = 0; k < m.tensors(); ++k) m.reduce(k, o.op, m.me());
+  }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::reduce_scatter, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::reduce_scatter;
+  using single_op = ops::reduce_scatter_tensor;
+  using coalesced_op = O;
+  static coalesced_op coalesce(const O& o, int n) { return {o.op, n}; }
+  static std::optional<reduce_op> reduce(const O& o) { return o.op; }
+};
+
+template <>
+struct op_traits<ops::broadcast> : ops::detail::collective_traits_common {
+  using O = ops::broadcast;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    const group_info& g = ops::detail::group_of(O::name, c);
+    ops::detail::check_one_input(O::name, in.size());
+    CCGRAPH_CHECK(g.index_of(o.src) >= 0, O::name, ": src rank ", o.src, " is not a member of group ",
+                  list_str(g.ranks));
+    return {in[0]};
+  }
+  template <class M>
+  static void run_cpu(const O& o, const M& m) { m.copy(m.index_of(o.src), 0); }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::broadcast, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::none;
+  using single_op = O;
+  static std::optional<reduce_op> reduce(const O&) { return std::nullopt; }
+};
+
+template <>
+struct op_traits<ops::all_to_all_single> : ops::detail::collective_traits_common {
+  using O = ops::all_to_all_single;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    constexpr std::string_view what = O::name;
+    const int n = ops::detail::group_of(what, c).size();
+    ops::detail::check_one_input(what, in.size());
+    ops::detail::check_has_dim0(what, in[0]);
+    const auto& os = o.output_split_sizes;
+    const auto& is = o.input_split_sizes;
+    CCGRAPH_CHECK(static_cast<int>(is.size()) == n, what, ": input_split_sizes ", list_str(is), " has ",
+                  is.size(), " entries for group_size ", n);
+    CCGRAPH_CHECK(static_cast<int>(os.size()) == n, what, ": output_split_sizes ", list_str(os), " has ",
+                  os.size(), " entries for group_size ", n);
+    const auto isum = ops::detail::sum_splits(what, is, "input_split_sizes");
+    const auto osum = ops::detail::sum_splits(what, os, "output_split_sizes");
+    CCGRAPH_CHECK(isum == in[0].shape[0], what, ": input_split_sizes ", list_str(is), " sum to ", isum,
+                  " but the input's dim 0 has size ", in[0].shape[0]);
+    tensor_meta out = in[0];
+    out.shape[0] = osum;
+    CCGRAPH_CHECK(countable(out.shape), what, ": output_split_sizes ", list_str(os), " make an output of shape ",
+                  shape_str(out.shape),
+                  ", which has too many elements (the product of its sizes exceeds 2^63 - 1)");
+    return {out};
+  }
+  /// Rows of dim 0 from each member in group order; throws when a member's send count does not
+  /// match ours (only visible with every request in hand).
+  template <class M>
+  static void run_cpu(const O& o, const M& m) {
+    const int me = m.me();
+    std::int64_t dst = 0;
+    for (int j = 0; j < m.size(); ++j) {
+      const auto& peer = m.template op_of<O>(j);
+      const std::int64_t want = o.output_split_sizes[static_cast<std::size_t>(j)];
+      const std::int64_t sent = peer.input_split_sizes[static_cast<std::size_t>(me)];
+      CCGRAPH_CHECK(want == sent, "all_to_all_single: rank ", m.rank_of(me), " expects ", want, " rows from rank ",
+                    m.rank_of(j), " (output_split_sizes[", j, "]) but rank ", m.rank_of(j), " sends ", sent,
+                    " (its input_split_sizes[", me, "])");
+      std::int64_t src = 0;
+      for (int i = 0; i < me; ++i) src += peer.input_split_sizes[static_cast<std::size_t>(i)];
+      m.copy_rows(j, 0, src, dst, want);
+      dst += want;
+    }
+  }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::all_to_all, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::none;
+  using single_op = O;
+  static std::optional<reduce_op> reduce(const O&) { return std::nullopt; }
+};
+
+}  // namespace ccgraph
+
+namespace ccgraph::ops {
 
 /// Output metas of `op` on inputs `in` over group `g`, validating both: the same checks and
-/// messages for eager calls, backends and traced graphs.
+/// messages for eager calls, backends and traced graphs (op_traits<O>::infer).
 inline std::vector<tensor_meta> infer(const collective_op& op, const std::vector<tensor_meta>& in,
                                       const group_info& g) {
-  const int n = g.size();
   return std::visit(
-      [&](const auto& o) -> std::vector<tensor_meta> {
+      [&](const auto& o) {
         using O = std::decay_t<decltype(o)>;
-        constexpr std::string_view what = O::name;
-        if constexpr (std::is_same_v<O, all_reduce>) {
-          detail::check_one_input(what, in.size());
-          detail::check_reduce_dtype(what, o.op, in[0].dtype);
-          return {in[0]};
-        } else if constexpr (std::is_same_v<O, all_gather_into_tensor>) {
-          detail::check_one_input(what, in.size());
-          return {detail::gather_meta(what, in[0], n)};
-        } else if constexpr (std::is_same_v<O, reduce_scatter_tensor>) {
-          detail::check_one_input(what, in.size());
-          detail::check_reduce_dtype(what, o.op, in[0].dtype);
-          return {detail::scatter_meta(what, in[0], n)};
-        } else if constexpr (std::is_same_v<O, all_to_all_single>) {
-          detail::check_one_input(what, in.size());
-          detail::check_has_dim0(what, in[0]);
-          const auto& os = o.output_split_sizes;
-          const auto& is = o.input_split_sizes;
-          CCGRAPH_CHECK(static_cast<int>(is.size()) == n, what, ": input_split_sizes ",
-                        list_str(is), " has ", is.size(), " entries for group_size ", n);
-          CCGRAPH_CHECK(static_cast<int>(os.size()) == n, what, ": output_split_sizes ",
-                        list_str(os), " has ", os.size(), " entries for group_size ", n);
-          const auto isum = detail::sum_splits(what, is, "input_split_sizes");
-          const auto osum = detail::sum_splits(what, os, "output_split_sizes");
-          CCGRAPH_CHECK(isum == in[0].shape[0], what, ": input_split_sizes ", list_str(is),
-                        " sum to ", isum, " but the input's dim 0 has size ", in[0].shape[0]);
-          tensor_meta out = in[0];
-          out.shape[0] = osum;
-          CCGRAPH_CHECK(countable(out.shape), what, ": output_split_sizes ", list_str(os),
-                        " make an output of shape ", shape_str(out.shape),
-                        ", which has too many elements (the product of its sizes exceeds 2^63 - 1)");
-          return {out};
-        } else if constexpr (std::is_same_v<O, broadcast>) {
-          detail::check_one_input(what, in.size());
-          CCGRAPH_CHECK(g.index_of(o.src) >= 0, what, ": src rank ", o.src,
-                        " is not a member of group ", list_str(g.ranks));
-          return {in[0]};
-        } else {
-          CCGRAPH_CHECK(!in.empty(), what, ": expects at least one input tensor");
-          std::vector<tensor_meta> out;
-          for (std::size_t i = 0; i < in.size(); ++i) {
-            if constexpr (std::is_same_v<O, all_reduce_coalesced>) {
-              detail::check_reduce_dtype(what, o.op, in[i].dtype);
-              out.push_back(in[i]);
-            } else if constexpr (std::is_same_v<O, all_gather_into_tensor_coalesced>) {
-              out.push_back(detail::gather_meta(what, in[i], n, i, true));
-            } else {
-              detail::check_reduce_dtype(what, o.op, in[i].dtype);
-              out.push_back(detail::scatter_meta(what, in[i], n, i, true));
-            }
-          }
-          return out;
-        }
+        ::ccgraph::detail::require_infer<O>();
+        return op_traits<O>::infer(o, in, infer_ctx{&g});
       },
       op);
 }

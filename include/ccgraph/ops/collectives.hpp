@@ -172,9 +172,7 @@ auto reduce_scatter_tensor(const X& x, reduce_op_arg op, std::int64_t scatter_di
                 "dimension, got a 0-d tensor");
   const int dim = normalize_dim(scatter_dim, t.shape().size(), "reduce_scatter_tensor");
   const int n = detail::group_size_of<V>(g, "reduce_scatter_tensor");
-  CCGRAPH_CHECK(t.shape()[static_cast<std::size_t>(dim)] % n == 0, "reduce_scatter_tensor: dim ",
-                scatter_dim, " (size ", t.shape()[static_cast<std::size_t>(dim)],
-                ") must be a multiple of group_size ", n);
+  ops::detail::check_group_multiple("reduce_scatter_tensor", scatter_dim, static_cast<std::size_t>(dim), t.shape(), n);
   auto in = dim == 0 ? t : detail::regroup(t, n, dim, 0);
   return detail::issue_one("reduce_scatter_tensor", ops::reduce_scatter_tensor{op, n}, g, in);
 }
@@ -193,9 +191,7 @@ auto all_to_all_single(const X& x, std::optional<std::vector<std::int64_t>> outp
                 input_split_sizes ? list_str(*input_split_sizes) : std::string("None"), ")");
   if (!output_split_sizes) {
     const int n = detail::group_size_of<V>(g, "all_to_all_single");
-    CCGRAPH_CHECK(!t.shape().empty() && t.shape()[0] % n == 0, "all_to_all_single: dim 0 (size ",
-                  t.shape().empty() ? 0 : t.shape()[0], ") must be a multiple of group_size ", n,
-                  " when no split sizes are given");
+    ops::detail::check_group_multiple("all_to_all_single", 0, 0, t.shape(), n, " when no split sizes are given");
     std::vector<std::int64_t> even(static_cast<std::size_t>(n), t.shape()[0] / n);
     output_split_sizes = even;
     input_split_sizes = even;
@@ -273,9 +269,8 @@ std::vector<V> reduce_scatter_tensor_coalesced(const std::vector<V>& ts, reduce_
     CCGRAPH_CHECK(!ts[i].shape().empty(), what, ": the input must have at least one dimension, "
                   "got a 0-d tensor at index ", i);
     const int dim = normalize_dim(scatter_dims[i], ts[i].shape().size(), what);
-    CCGRAPH_CHECK(ts[i].shape()[static_cast<std::size_t>(dim)] % n == 0, what, ": dim ", scatter_dims[i],
-                  " (size ", ts[i].shape()[static_cast<std::size_t>(dim)],
-                  ") must be a multiple of group_size ", n, " for tensor at index ", i);
+    ops::detail::check_group_multiple(what, scatter_dims[i], static_cast<std::size_t>(dim), ts[i].shape(), n,
+                                      " for tensor at index " + std::to_string(i));
     ins.push_back(dim == 0 ? ts[i] : detail::regroup(ts[i], n, dim, 0));
   }
   return detail::issue<V>(what, ops::reduce_scatter_tensor_coalesced{op, n}, g, ins);
@@ -346,8 +341,7 @@ std::remove_cvref_t<D> reduce_scatter_tensor_(D&& out, const std::remove_cvref_t
   using V = std::remove_cvref_t<D>;
   shape_t expected = in.shape();
   const int n = detail::group_size_of<V>(g, "reduce_scatter_tensor");
-  CCGRAPH_CHECK(!expected.empty() && expected[0] % n == 0, "reduce_scatter_tensor: dim 0 (size ",
-                expected.empty() ? 0 : expected[0], ") must be a multiple of group_size ", n);
+  ops::detail::check_group_multiple("reduce_scatter_tensor", 0, 0, expected, n);
   expected[0] /= n;
   detail::check_out_shape("reduce_scatter_tensor", out.shape(), expected);
   auto r = reduce_scatter_tensor(in, op, 0, g);

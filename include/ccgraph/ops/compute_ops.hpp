@@ -16,6 +16,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/ops/matmul.hpp>
+#include <ccgraph/ops/op_traits.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
 #include <ccgraph/tensor/any_tensor.hpp>
 
@@ -42,6 +43,18 @@ struct pointwise_kernel {
         out);
   }
 };
+
+/// Number of op applications in a pointwise node's expression text ("mul(relu(%0), 2.)" has
+/// 2): every name directly followed by '('.
+inline std::size_t expr_op_count(std::string_view expr) {
+  std::size_t n = 0;
+  for (std::size_t i = 1; i < expr.size(); ++i) {
+    const char c = expr[i - 1];
+    if (expr[i] == '(' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
+      ++n;
+  }
+  return n;
+}
 
 /// A storage-less tensor with `m`'s shape: lets inference reuse the tensor view methods.
 template <class T>
@@ -149,57 +162,334 @@ tensor_meta view_meta(const tensor_meta& m, F&& f) {
     return tensor_meta{m.dtype, t.shape()};
   });
 }
-}  // namespace detail
 
-/// Output meta of a compute op on inputs `in`, validating them with the eager messages.
-template <class O>
-std::vector<tensor_meta> infer_compute(const O& o, const std::vector<tensor_meta>& in) {
-  constexpr std::string_view what = O::name;
-  if constexpr (std::is_same_v<O, matmul>) {
-    detail::expect_inputs(what, in, 2);
-    detail::expect_same_dtype(what, in);
-    CCGRAPH_CHECK(in[0].dtype != dtype::boolean, "matmul: bool tensors are not supported");
-    return {{in[0].dtype, ccgraph::detail::matmul_shape(in[0].shape, in[1].shape)}};
-  } else if constexpr (std::is_same_v<O, cat>) {
-    detail::expect_same_dtype(what, in);
-    std::vector<shape_t> shapes;
-    for (auto& m : in) shapes.push_back(m.shape);
-    shape_t out = ccgraph::detail::cat_shape(shapes, o.dim);  // first: it rejects an empty list
-    return {{in.front().dtype, std::move(out)}};
-  } else if constexpr (std::is_same_v<O, repeat>) {
-    detail::expect_inputs(what, in, 1);
-    return {{in[0].dtype, tensor<float>::repeat_shape(in[0].shape, o.repeats)}};
-  } else if constexpr (std::is_same_v<O, copy>) {
-    detail::expect_inputs(what, in, 2);
-    CCGRAPH_CHECK(broadcast_shapes(in[0].shape, in[1].shape, "copy_") == in[0].shape,
-                  "copy_: source of shape ", shape_str(in[1].shape),
-                  " cannot be broadcast to destination shape ", shape_str(in[0].shape));
-    return {in[0]};
-  } else if constexpr (std::is_same_v<O, reshape>) {
-    detail::expect_inputs(what, in, 1);
-    return {detail::view_meta(in[0], [&](const auto& t) { return t.reshape(o.shape); })};
-  } else if constexpr (std::is_same_v<O, narrow>) {
-    detail::expect_inputs(what, in, 1);
-    return {detail::view_meta(in[0], [&](const auto& t) { return t.narrow(o.dim, o.start, o.length); })};
-  } else if constexpr (std::is_same_v<O, transpose>) {
-    detail::expect_inputs(what, in, 1);
-    return {detail::view_meta(in[0], [&](const auto& t) { return t.transpose(o.dim0, o.dim1); })};
-  } else if constexpr (std::is_same_v<O, permute>) {
-    detail::expect_inputs(what, in, 1);
-    return {detail::view_meta(in[0], [&](const auto& t) { return t.permute(o.dims); })};
-  } else if constexpr (std::is_same_v<O, select>) {
-    detail::expect_inputs(what, in, 1);
-    return {detail::view_meta(in[0], [&](const auto& t) { return t.select(o.dim, o.index); })};
-  } else if constexpr (std::is_same_v<O, unsqueeze>) {
-    detail::expect_inputs(what, in, 1);
-    return {detail::view_meta(in[0], [&](const auto& t) { return t.unsqueeze(o.dim); })};
-  } else if constexpr (std::is_same_v<O, contiguous> || std::is_same_v<O, wait_tensor>) {
-    detail::expect_inputs(what, in, 1);
-    return {in[0]};
-  } else {
-    static_assert(sizeof(O) == 0, "infer_compute: not a compute op");
-  }
+inline double meta_bytes(const tensor_meta& m) { return double(numel_of(m.shape)) * double(element_size(m.dtype)); }
+inline double meta_bytes(const std::vector<tensor_meta>& ms) {
+  double b = 0;
+  for (const auto& m : ms) b += meta_bytes(m);
+  return b;
 }
 
+/// The planned buffer for output 0, or a new tensor of its meta.
+template <class T>
+tensor<T> out_or_new(std::string_view what, const run_args& a) {
+  return a.outs.empty() ? tensor<T>::empty(a.metas.at(0).shape, a.dev) : get_tensor<T>(a.outs[0], what.data());
+}
+
+/// Inference of a view op: its apply_view on a storage-less tensor (the shape and the errors
+/// of the tensor's own view method).
+template <class O>
+std::vector<tensor_meta> infer_view(const O& o, const std::vector<tensor_meta>& in) {
+  expect_inputs(O::name, in, 1);
+  return {view_meta(in[0], [&](const auto& t) { return op_traits<O>::apply_view(o, t); })};
+}
+
+/// How every view op runs: its apply_view on the input, or, when the planner gave it a buffer
+/// (a view_or_copy op whose input layout forces a copy), a copy into that buffer.
+template <class O>
+std::vector<any_tensor> run_view(const O& o, const run_args& a) {
+  return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    using T = decltype(tag);
+    const tensor<T>& x = get_tensor<T>(a.in.at(0), O::name.data());
+    if (a.outs.empty()) return op_traits<O>::apply_view(o, x);
+    auto r = get_tensor<T>(a.outs[0], O::name.data());
+    r.reshape(x.shape()).copy_(x);
+    return r;
+  })};
+}
+
+}  // namespace detail
 }  // namespace ops
+
+namespace detail {
+/// An op on tensors, now: its inference (the errors users see), then its apply_view or run.
+template <element T>
+struct op_apply<tensor<T>> {
+  template <class O, class... Ts>
+  static tensor<T> apply(const O& o, const tensor<T>& x, const Ts&... xs) {
+    using traits = op_traits<O>;
+    require_infer<O>();
+    const std::vector<tensor_meta> in{tensor_meta{dtype_v<T>, x.shape()}, tensor_meta{dtype_v<T>, xs.shape()}...};
+    const std::vector<tensor_meta> metas = traits::infer(o, in, infer_ctx{});
+    if constexpr (traits::aliasing == alias_kind::view || traits::aliasing == alias_kind::view_or_copy) {
+      require_apply_view<O>();
+      return traits::apply_view(o, x);
+    } else {
+      require_run<O>();
+      const std::vector<any_tensor> ins{any_tensor(x), any_tensor(xs)...};
+      const std::vector<any_tensor> none;
+      auto out = traits::run(o, run_args{ins, none, metas, x.device()});
+      return get_tensor<T>(out.at(0), O::name.data());
+    }
+  }
+};
+}  // namespace detail
+
+// ---- the traits of each non-collective op ----
+
+template <>
+struct op_traits<ops::placeholder> {
+  using O = ops::placeholder;
+  static constexpr op_category category = op_category::input;
+  static constexpr alias_kind aliasing = alias_kind::external;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>&, const infer_ctx&) { return {}; }
+  static op_cost cost(const O&, const cost_args&) { return op_cost::none(); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::output> {
+  using O = ops::output;
+  static constexpr op_category category = op_category::output;
+  static constexpr alias_kind aliasing = alias_kind::fresh;  // it has no outputs
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>&, const infer_ctx&) { return {}; }
+  static op_cost cost(const O&, const cost_args&) { return op_cost::none(); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::wait_tensor> {
+  using O = ops::wait_tensor;
+  static constexpr op_category category = op_category::wait;
+  static constexpr alias_kind aliasing = alias_kind::identity;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(O::name, in, 1);
+    return {in[0]};
+  }
+  static std::vector<any_tensor> run(const O&, const run_args& a) {
+    std::visit([](const auto& t) { t.wait(); }, a.in.at(0));
+    return {a.in[0]};
+  }
+  static op_cost cost(const O&, const cost_args&) { return op_cost::none(); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::matmul> {
+  using O = ops::matmul;
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(O::name, in, 2);
+    ops::detail::expect_same_dtype(O::name, in);
+    CCGRAPH_CHECK(in[0].dtype != dtype::boolean, "matmul: bool tensors are not supported");
+    return {{in[0].dtype, detail::matmul_shape(in[0].shape, in[1].shape)}};
+  }
+  static std::vector<any_tensor> run(const O&, const run_args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      if constexpr (std::is_same_v<T, bool>) {
+        CCGRAPH_THROW(error, "matmul: bool tensors are not supported");
+      } else {
+        const auto& x = get_tensor<T>(a.in.at(0), "matmul");
+        const auto& y = get_tensor<T>(a.in.at(1), "matmul");
+        if (a.outs.empty()) return ccgraph::matmul(x, y);
+        auto r = ops::detail::out_or_new<T>(O::name, a);
+        detail::matmul_into(r, x, y);
+        return r;
+      }
+    })};
+  }
+  /// 2MNK FLOPs at the dtype's matmul peak; operands and result as bytes.
+  static op_cost cost(const O&, const cost_args& a) {
+    const double flops = double(detail::matmul_flops(a.in.at(0).shape, a.in.at(1).shape));
+    return op_cost::compute(flops, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out),
+                            peak_class::matmul, a.in[0].dtype);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::pointwise> {
+  using O = ops::pointwise;
+  static constexpr op_category category = op_category::pointwise;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    CCGRAPH_CHECK(!in.empty(), "pointwise: needs at least one tensor input");
+    ops::detail::expect_same_dtype("pointwise", in);
+    shape_t s = in[0].shape;
+    for (auto& m : in) s = broadcast_shapes(s, m.shape, o.fused.c_str());
+    return {{in[0].dtype, s}};
+  }
+  /// The recorded expression (the same one-loop code eager evaluation runs).
+  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+    CCGRAPH_CHECK(o.kernel != nullptr, "pointwise: node ", o.fused, " has no kernel");
+    if (a.outs.empty()) return {o.kernel->run(a.in)};
+    o.kernel->run_into(a.in, a.outs[0]);
+    return {a.outs[0]};
+  }
+  /// (output elements x ops in the fused expression) FLOPs at the f32 vector rate, inputs and
+  /// output as bytes.
+  static op_cost cost(const O& o, const cost_args& a) {
+    const double flops = double(numel_of(a.out.at(0).shape)) * double(std::max<std::size_t>(1, detail::expr_op_count(o.expr)));
+    return op_cost::compute(flops, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::vector);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::cat> {
+  using O = ops::cat;
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_same_dtype(O::name, in);
+    std::vector<shape_t> shapes;
+    for (auto& m : in) shapes.push_back(m.shape);
+    shape_t out = detail::cat_shape(shapes, o.dim);  // first: it rejects an empty list
+    return {{in.front().dtype, std::move(out)}};
+  }
+  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      std::vector<tensor<T>> xs;
+      for (const auto& t : a.in) xs.push_back(get_tensor<T>(t, "cat"));
+      if (a.outs.empty()) return ccgraph::cat(xs, o.dim);
+      auto r = ops::detail::out_or_new<T>(O::name, a);
+      detail::cat_into(r, xs, o.dim);
+      return r;
+    })};
+  }
+  /// Bytes only: reads its inputs, writes its result.
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::repeat> {
+  using O = ops::repeat;
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(O::name, in, 1);
+    return {{in[0].dtype, tensor<float>::repeat_shape(in[0].shape, o.repeats)}};
+  }
+  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      const auto& x = get_tensor<T>(a.in.at(0), "repeat");
+      if (a.outs.empty()) return x.repeat(o.repeats);
+      auto r = ops::detail::out_or_new<T>(O::name, a);
+      detail::repeat_into(r, x, o.repeats);
+      return r;
+    })};
+  }
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
+struct op_traits<ops::copy> {
+  using O = ops::copy;
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(O::name, in, 2);
+    CCGRAPH_CHECK(broadcast_shapes(in[0].shape, in[1].shape, "copy_") == in[0].shape, "copy_: source of shape ",
+                  shape_str(in[1].shape), " cannot be broadcast to destination shape ", shape_str(in[0].shape));
+    return {in[0]};
+  }
+  static std::vector<any_tensor> run(const O&, const run_args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      auto r = ops::detail::out_or_new<T>(O::name, a);
+      r.copy_(get_tensor<T>(a.in.at(1), "copy"));
+      return r;
+    })};
+  }
+  /// Reads the source, writes the result; the destination is only overwritten.
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::compute(0, ops::detail::meta_bytes(a.in.at(1)) + ops::detail::meta_bytes(a.out), peak_class::none);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+/// The traits every view op shares but `apply_view`: a view of input 0, inferred by applying
+/// the view to a storage-less tensor, launching nothing.
+template <class O, alias_kind A = alias_kind::view>
+struct view_traits_common {
+  static constexpr op_category category = op_category::view;
+  static constexpr alias_kind aliasing = A;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    return ops::detail::infer_view(o, in);
+  }
+  static op_cost cost(const O&, const cost_args&) { return op_cost::none(); }
+};
+
+template <>
+struct op_traits<ops::reshape> : view_traits_common<ops::reshape, alias_kind::view_or_copy> {
+  template <class T>
+  static tensor<T> apply_view(const ops::reshape& o, const tensor<T>& t) { return t.reshape(o.shape); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+template <>
+struct op_traits<ops::narrow> : view_traits_common<ops::narrow> {
+  template <class T>
+  static tensor<T> apply_view(const ops::narrow& o, const tensor<T>& t) { return t.narrow(o.dim, o.start, o.length); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+template <>
+struct op_traits<ops::transpose> : view_traits_common<ops::transpose> {
+  template <class T>
+  static tensor<T> apply_view(const ops::transpose& o, const tensor<T>& t) { return t.transpose(o.dim0, o.dim1); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+template <>
+struct op_traits<ops::permute> : view_traits_common<ops::permute> {
+  template <class T>
+  static tensor<T> apply_view(const ops::permute& o, const tensor<T>& t) { return t.permute(o.dims); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+template <>
+struct op_traits<ops::select> : view_traits_common<ops::select> {
+  template <class T>
+  static tensor<T> apply_view(const ops::select& o, const tensor<T>& t) { return t.select(o.dim, o.index); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+template <>
+struct op_traits<ops::unsqueeze> : view_traits_common<ops::unsqueeze> {
+  template <class T>
+  static tensor<T> apply_view(const ops::unsqueeze& o, const tensor<T>& t) { return t.unsqueeze(o.dim); }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+/// contiguous: the input itself when contiguous, else a copy. Costed as the copy it is after a
+/// transpose (metas carry no strides to tell).
+template <>
+struct op_traits<ops::contiguous> : view_traits_common<ops::contiguous, alias_kind::view_or_copy> {
+  template <class T>
+  static tensor<T> apply_view(const ops::contiguous&, const tensor<T>& t) { return t.contiguous(); }
+  static op_cost cost(const ops::contiguous&, const cost_args& a) {
+    return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
 }  // namespace ccgraph

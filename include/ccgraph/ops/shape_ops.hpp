@@ -39,6 +39,38 @@ inline shape_t cat_shape(const std::vector<shape_t>& shapes, std::int64_t dim, i
   return out;
 }
 
+/// cat of `xs` along `dim` into `out` (of the result's shape).
+template <class T>
+void cat_into(tensor<T> out, const std::vector<tensor<T>>& xs, std::int64_t dim) {
+  const int d = normalize_dim(dim, out.shape().size(), "cat");
+  std::int64_t offset = 0;
+  for (const auto& t : xs) {
+    out.narrow(d, offset, t.shape()[static_cast<std::size_t>(d)]).copy_(t);
+    offset += t.shape()[static_cast<std::size_t>(d)];
+  }
+}
+
+/// t.repeat(times) into `out` (contiguous, of the result's shape): the same copy tensor::repeat
+/// makes, a view of the source with stride 0 over each repeat count.
+template <class T>
+void repeat_into(tensor<T> out, const tensor<T>& t, const std::vector<std::int64_t>& times) {
+  t.wait();
+  const std::size_t extra = times.size() - t.shape().size();
+  shape_t in_shape(extra, 1);
+  in_shape.insert(in_shape.end(), t.shape().begin(), t.shape().end());
+  strides_t in_strides(extra, 0);
+  in_strides.insert(in_strides.end(), t.strides().begin(), t.strides().end());
+  shape_t split;
+  strides_t src_split;
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    split.push_back(times[i]);
+    split.push_back(in_shape[i]);
+    src_split.push_back(0);
+    src_split.push_back(in_strides[i]);
+  }
+  out.reshape(split).copy_(tensor<T>(t.storage(), split, src_split, t.storage_offset()));
+}
+
 }  // namespace detail
 
 /// Concatenates tensors along `dim` (negative counts from the end) into a new contiguous tensor,

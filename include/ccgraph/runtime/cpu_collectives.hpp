@@ -132,64 +132,70 @@ inline void snapshot_aliased_inputs(collective_request& req) {
   }
 }
 
+/// One member's view of a collective on a CPU backend, once every member's request is in hand:
+/// the moves a collective's op_traits<O>::run_cpu is written in (ops/op_traits.hpp's
+/// cpu_member_archetype), on element type T.
+template <class T>
+struct cpu_member {
+  const collective_request& mine;
+  const std::vector<const collective_request*>& all;
+  int me_;
+
+  int size() const { return static_cast<int>(all.size()); }
+  int me() const { return me_; }
+  int rank_of(int member) const { return all[static_cast<std::size_t>(member)]->rank; }
+  int index_of(int rank) const { return mine.group.index_of(rank); }
+  std::size_t tensors() const { return mine.inputs.size(); }
+  template <class O>
+  const O& op_of(int member) const { return std::get<O>(all[static_cast<std::size_t>(member)]->op); }
+
+  static std::int64_t bytes_of(const buffer& b) { return numel_of(b.meta.shape) * static_cast<std::int64_t>(sizeof(T)); }
+  /// Output k = the reduction (in group order) of chunk `chunk` (output-sized) of every member's input k.
+  void reduce(std::size_t k, reduce_op op, std::int64_t chunk) const {
+    const std::int64_t count = numel_of(mine.outputs[k].meta.shape);
+    std::vector<const T*> ins;
+    for (auto* r : all) ins.push_back(r->inputs[k].template data<T>() + chunk * count);
+    reduce_buffers<T>(mine.outputs[k].template data<T>(), ins, count, op);
+  }
+  /// Output k = every member's input k, concatenated in group order.
+  void gather(std::size_t k) const {
+    auto* out = reinterpret_cast<std::byte*>(mine.outputs[k].template data<T>());
+    for (auto* r : all) {
+      const auto b = bytes_of(r->inputs[k]);
+      if (b) std::memcpy(out, r->inputs[k].template data<T>(), static_cast<std::size_t>(b));
+      out += b;
+    }
+  }
+  /// Output k = member `member`'s input k.
+  void copy(int member, std::size_t k) const {
+    const auto& src = all[static_cast<std::size_t>(member)]->inputs[k];
+    const auto b = bytes_of(src);
+    if (b) std::memcpy(mine.outputs[k].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
+  }
+  /// Rows [src_row, src_row + rows) of dim 0 of member `member`'s input k into rows
+  /// [dst_row, dst_row + rows) of output k.
+  void copy_rows(int member, std::size_t k, std::int64_t src_row, std::int64_t dst_row, std::int64_t rows) const {
+    const auto& in = all[static_cast<std::size_t>(member)]->inputs[k];
+    std::int64_t row = 1;
+    for (std::size_t d = 1; d < in.meta.shape.size(); ++d) row *= in.meta.shape[d];
+    if (rows * row == 0) return;
+    std::memcpy(mine.outputs[k].template data<T>() + dst_row * row, in.template data<T>() + src_row * row,
+                static_cast<std::size_t>(rows * row) * sizeof(T));
+  }
+};
+
 /// Computes member `me`'s outputs of one collective from all members' requests (`all`, in group
-/// order). Throws for disagreements only visible with every request in hand (all_to_all split
-/// sizes that do not pair up).
+/// order): op_traits<O>::run_cpu over a cpu_member. Throws for disagreements only visible with
+/// every request in hand (all_to_all split sizes that do not pair up).
 inline void run_cpu_collective(const collective_request& mine,
                                const std::vector<const collective_request*>& all, int me) {
-  const int n = static_cast<int>(all.size());
   visit_dtype(mine.inputs.at(0).meta.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    auto bytes_of = [](const buffer& b) { return numel_of(b.meta.shape) * static_cast<std::int64_t>(sizeof(T)); };
-    auto reduce_chunk = [&](std::size_t k, reduce_op op, std::int64_t chunk_index) {
-      const std::int64_t count = numel_of(mine.outputs[k].meta.shape);
-      std::vector<const T*> ins;
-      for (auto* r : all) ins.push_back(r->inputs[k].template data<T>() + chunk_index * count);
-      reduce_buffers<T>(mine.outputs[k].template data<T>(), ins, count, op);
-    };
-    auto gather = [&](std::size_t k) {
-      auto* out = reinterpret_cast<std::byte*>(mine.outputs[k].template data<T>());
-      for (auto* r : all) {
-        const auto b = bytes_of(r->inputs[k]);
-        if (b) std::memcpy(out, r->inputs[k].template data<T>(), static_cast<std::size_t>(b));
-        out += b;
-      }
-    };
+    const cpu_member<decltype(tag)> m{mine, all, me};
     std::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
-          if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
-            for (std::size_t k = 0; k < mine.inputs.size(); ++k) reduce_chunk(k, o.op, 0);
-          } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
-                               std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
-            for (std::size_t k = 0; k < mine.inputs.size(); ++k) reduce_chunk(k, o.op, me);
-          } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
-                               std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
-            for (std::size_t k = 0; k < mine.inputs.size(); ++k) gather(k);
-          } else if constexpr (std::is_same_v<O, ops::broadcast>) {
-            const auto& src = all[static_cast<std::size_t>(mine.group.index_of(o.src))]->inputs[0];
-            const auto b = bytes_of(src);
-            if (b) std::memcpy(mine.outputs[0].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
-          } else if constexpr (std::is_same_v<O, ops::all_to_all_single>) {
-            const auto& in_shape = mine.inputs[0].meta.shape;
-            std::int64_t row = 1;
-            for (std::size_t d = 1; d < in_shape.size(); ++d) row *= in_shape[d];
-            T* out = mine.outputs[0].template data<T>();
-            for (int j = 0; j < n; ++j) {
-              const auto& peer = std::get<ops::all_to_all_single>(all[j]->op);
-              const std::int64_t want = o.output_split_sizes[j];
-              const std::int64_t sent = peer.input_split_sizes[me];
-              CCGRAPH_CHECK(want == sent, "all_to_all_single: rank ", mine.rank, " expects ", want,
-                            " rows from rank ", all[j]->rank, " (output_split_sizes[", j,
-                            "]) but rank ", all[j]->rank, " sends ", sent,
-                            " (its input_split_sizes[", me, "])");
-              std::int64_t src_row = 0;
-              for (int i = 0; i < me; ++i) src_row += peer.input_split_sizes[i];
-              const T* src = all[j]->inputs[0].template data<T>() + src_row * row;
-              if (want * row != 0) std::memcpy(out, src, static_cast<std::size_t>(want * row) * sizeof(T));
-              out += want * row;
-            }
-          }
+          require_run_cpu_collective<O>();
+          op_traits<O>::run_cpu(o, m);
         },
         mine.op);
   });

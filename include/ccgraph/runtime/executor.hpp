@@ -99,38 +99,6 @@ inline any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tens
   });
 }
 
-/// cat of `xs` along `dim` into `out` (of the result's shape).
-template <class T>
-void cat_into(tensor<T> out, const std::vector<tensor<T>>& xs, std::int64_t dim) {
-  const int d = normalize_dim(dim, out.shape().size(), "cat");
-  std::int64_t offset = 0;
-  for (const auto& t : xs) {
-    out.narrow(d, offset, t.shape()[static_cast<std::size_t>(d)]).copy_(t);
-    offset += t.shape()[static_cast<std::size_t>(d)];
-  }
-}
-
-/// t.repeat(times) into `out` (contiguous, of the result's shape): the same copy tensor::repeat
-/// makes, a view of the source with stride 0 over each repeat count.
-template <class T>
-void repeat_into(tensor<T> out, const tensor<T>& t, const std::vector<std::int64_t>& times) {
-  t.wait();
-  const std::size_t extra = times.size() - t.shape().size();
-  shape_t in_shape(extra, 1);
-  in_shape.insert(in_shape.end(), t.shape().begin(), t.shape().end());
-  strides_t in_strides(extra, 0);
-  in_strides.insert(in_strides.end(), t.strides().begin(), t.strides().end());
-  shape_t split;
-  strides_t src_split;
-  for (std::size_t i = 0; i < times.size(); ++i) {
-    split.push_back(times[i]);
-    split.push_back(in_shape[i]);
-    src_split.push_back(0);
-    src_split.push_back(in_strides[i]);
-  }
-  out.reshape(split).copy_(tensor<T>(t.storage(), split, src_split, t.storage_offset()));
-}
-
 /// The arena an executor reuses across calls, and the collectives of the last call that may
 /// still touch it. Shared by copies of the executor; a call takes it out while it runs.
 struct arena_cache {
@@ -173,8 +141,12 @@ inline std::vector<overlap_hint> collective_overlaps(const graph& g) {
     overlap_hint h = overlap_hint::none;
     for (std::size_t p = i + 1; p < first_wait && h != overlap_hint::matmul; ++p) {
       const node& n = *nodes[p];
-      if (std::holds_alternative<ops::matmul>(n.kind())) h = overlap_hint::matmul;
-      else if (!n.is_impure() && !n.is_view()) h = overlap_hint::compute;  // views launch nothing
+      if (n.is_impure()) continue;
+      // What the op's cost says it launches: a matmul-class kernel, another kernel, or nothing.
+      std::vector<tensor_meta> ins;
+      for (const auto& a : n.args()) ins.push_back(a.src->meta(a.index));
+      const op_cost c = cost_of(n.kind(), ins, n.metas());
+      if (c.k == op_cost::kind::compute) h = c.peak == peak_class::matmul ? overlap_hint::matmul : overlap_hint::compute;
     }
     out[i] = h;
   }
@@ -492,97 +464,34 @@ class executor {
   std::vector<any_tensor> run_node(const node& n, const std::vector<any_tensor>& in,
                                    const std::vector<any_tensor>& inputs,
                                    const std::vector<any_tensor>& outs, detail::overlap_hint overlap) const {
-    return std::visit(
-        [&](const auto& o) -> std::vector<any_tensor> {
-          using O = std::decay_t<decltype(o)>;
-          if constexpr (std::is_same_v<O, ops::placeholder>) {
-            const any_tensor& t = inputs[static_cast<std::size_t>(o.index)];
-            CCGRAPH_CHECK(meta_of(t) == n.meta(), "compiled graph: input ", o.index, " is ",
-                          meta_of(t).str(), " but the graph was traced with ", n.meta().str());
-            return {t};
-          } else if constexpr (std::is_same_v<O, ops::wait_tensor>) {
-            std::visit([](const auto& t) { t.wait(); }, in[0]);
-            return {in[0]};
-          } else if constexpr (is_collective_op_v<O>) {
-            return visit_dtype(n.dtype(), [&](auto tag) {
-              using T = decltype(tag);
-              std::vector<tensor<T>> xs, into;
-              for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
-              for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
-              auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
-                                                      outs.empty() ? nullptr : &into, overlap);
-              return std::vector<any_tensor>(res.begin(), res.end());
-            });
-          } else if constexpr (std::is_same_v<O, ops::pointwise>) {
-            if (outs.empty()) return {o.kernel->run(in)};
-            o.kernel->run_into(in, outs[0]);
-            return {outs[0]};
-          } else {
-            return {visit_dtype(n.dtype(), [&](auto tag) -> any_tensor {
-              using T = decltype(tag);
-              auto arg = [&](std::size_t k) -> const tensor<T>& { return get_tensor<T>(in[k], O::name.data()); };
-              // The planned buffer, or a new tensor of the node's shape.
-              auto out = [&]() -> tensor<T> {
-                return outs.empty() ? tensor<T>::empty(n.shape(), ctx_->device())
-                                    : get_tensor<T>(outs[0], O::name.data());
-              };
-              if constexpr (std::is_same_v<O, ops::matmul>) {
-                if constexpr (std::is_same_v<T, bool>) {
-                  CCGRAPH_THROW(error, "matmul: bool tensors are not supported");
-                } else {
-                  if (outs.empty()) return ccgraph::matmul(arg(0), arg(1));
-                  auto r = out();
-                  detail::matmul_into(r, arg(0), arg(1));
-                  return r;
-                }
-              } else if constexpr (std::is_same_v<O, ops::cat>) {
-                std::vector<tensor<T>> xs;
-                for (std::size_t k = 0; k < in.size(); ++k) xs.push_back(arg(k));
-                if (outs.empty()) return ccgraph::cat(xs, o.dim);
-                auto r = out();
-                detail::cat_into(r, xs, o.dim);
-                return r;
-              } else if constexpr (std::is_same_v<O, ops::repeat>) {
-                if (outs.empty()) return arg(0).repeat(o.repeats);
-                auto r = out();
-                detail::repeat_into(r, arg(0), o.repeats);
-                return r;
-              } else if constexpr (std::is_same_v<O, ops::copy>) {
-                auto r = out();
-                r.copy_(arg(1));
-                return r;
-              } else if constexpr (std::is_same_v<O, ops::reshape>) {
-                if (!outs.empty()) {  // planned as a copy: the input's layout needs one
-                  auto r = out();
-                  r.reshape(arg(0).shape()).copy_(arg(0));
-                  return r;
-                }
-                return arg(0).reshape(o.shape);
-              } else if constexpr (std::is_same_v<O, ops::narrow>) {
-                return arg(0).narrow(o.dim, o.start, o.length);
-              } else if constexpr (std::is_same_v<O, ops::transpose>) {
-                return arg(0).transpose(o.dim0, o.dim1);
-              } else if constexpr (std::is_same_v<O, ops::permute>) {
-                return arg(0).permute(o.dims);
-              } else if constexpr (std::is_same_v<O, ops::select>) {
-                return arg(0).select(o.dim, o.index);
-              } else if constexpr (std::is_same_v<O, ops::unsqueeze>) {
-                return arg(0).unsqueeze(o.dim);
-              } else if constexpr (std::is_same_v<O, ops::contiguous>) {
-                if (!outs.empty()) {
-                  auto r = out();
-                  r.copy_(arg(0));
-                  return r;
-                }
-                return arg(0).contiguous();
-              } else {
-                static_assert(std::is_same_v<O, ops::output>, "executor: unhandled op");
-                CCGRAPH_THROW(error, "executor: the output node is not run");
-              }
-            })};
-          }
-        },
-        n.kind());
+    return visit_op(n.kind(), [&](const auto& o) -> std::vector<any_tensor> {
+      using O = std::decay_t<decltype(o)>;
+      using traits = op_traits<O>;
+      if constexpr (traits::category == op_category::input) {
+        const any_tensor& t = inputs[static_cast<std::size_t>(o.index)];
+        CCGRAPH_CHECK(meta_of(t) == n.meta(), "compiled graph: input ", o.index, " is ", meta_of(t).str(),
+                      " but the graph was traced with ", n.meta().str());
+        return {t};
+      } else if constexpr (traits::category == op_category::output) {
+        CCGRAPH_THROW(error, "executor: the output node is not run");
+      } else if constexpr (traits::category == op_category::collective) {
+        return visit_dtype(n.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          std::vector<tensor<T>> xs, into;
+          for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
+          for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
+          auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
+                                                  outs.empty() ? nullptr : &into, overlap);
+          return std::vector<any_tensor>(res.begin(), res.end());
+        });
+      } else if constexpr (traits::aliasing == alias_kind::view || traits::aliasing == alias_kind::view_or_copy) {
+        ::ccgraph::detail::require_apply_view<O>();
+        return ops::detail::run_view(o, run_args{in, outs, n.metas(), ctx_->device()});
+      } else {
+        ::ccgraph::detail::require_run<O>();
+        return traits::run(o, run_args{in, outs, n.metas(), ctx_->device()});
+      }
+    });
   }
 
   graph g_;

@@ -27,32 +27,25 @@
 namespace ccgraph {
 namespace detail {
 
-/// The coalesced family a collective merges into: 0 all_reduce, 1 all_gather_into_tensor,
-/// 2 reduce_scatter_tensor (each with its coalesced form); -1 for collectives that never merge.
-inline int bucket_family(const ops::collective_op& c) {
+/// The coalesced family a collective merges into (op_traits<O>::family): none for collectives
+/// that never merge.
+inline bucket_family bucket_family_of(const ops::collective_op& c) {
   return std::visit(
       [](const auto& o) {
         using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>)
-          return 0;
-        else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
-                           std::is_same_v<O, ops::all_gather_into_tensor_coalesced>)
-          return 1;
-        else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
-                           std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>)
-          return 2;
-        else
-          return -1;
+        require_bucketing<O>();
+        return op_traits<O>::family;
       },
       c);
 }
 
-/// The reduce op of a reducing collective (all_reduce, reduce_scatter and their coalesced forms).
+/// The reduce op of a reducing collective (op_traits<O>::reduce), nullopt for the others.
 inline std::optional<reduce_op> reduce_op_of(const ops::collective_op& c) {
   return std::visit(
-      [](const auto& o) -> std::optional<reduce_op> {
-        if constexpr (requires { o.op; }) return o.op;
-        else return std::nullopt;
+      [](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        require_bucketing<O>();
+        return op_traits<O>::reduce(o);
       },
       c);
 }
@@ -80,20 +73,25 @@ inline std::optional<dtype> input_dtype(const node& n) {
 /// and tag), reduce op and dtype.
 inline bool bucket_compatible(const node& a, const node& b) {
   const auto ca = *a.collective(), cb = *b.collective();
-  const int fa = bucket_family(ca);
-  return fa >= 0 && fa == bucket_family(cb) && *a.group() == *b.group() &&
+  const bucket_family fa = bucket_family_of(ca);
+  return fa != bucket_family::none && fa == bucket_family_of(cb) && *a.group() == *b.group() &&
          reduce_op_of(ca) == reduce_op_of(cb) && input_dtype(a) && input_dtype(a) == input_dtype(b);
 }
 
 /// The coalesced collective a bucket led by `first` becomes.
 inline node_op coalesced_op_for(const node& first) {
-  const auto c = *first.collective();
   const int n = first.group()->size();
-  switch (bucket_family(c)) {
-    case 0: return ops::all_reduce_coalesced{*reduce_op_of(c)};
-    case 1: return ops::all_gather_into_tensor_coalesced{n};
-    default: return ops::reduce_scatter_tensor_coalesced{*reduce_op_of(c), n};
-  }
+  return std::visit(
+      [&](const auto& o) -> node_op {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (op_traits<O>::family != bucket_family::none) {
+          require_coalesce<O>();
+          return op_traits<O>::coalesce(o, n);
+        } else {
+          CCGRAPH_THROW(error, "bucket_collectives: ", O::name, " has no coalesced form");
+        }
+      },
+      *first.collective());
 }
 
 }  // namespace detail
@@ -184,7 +182,7 @@ inline void bucket_collectives(graph& g, std::int64_t cap_bytes, rank_context* c
       }
       if (open.size() >= 2) buckets.push_back(open);
       open.clear();
-      if (detail::bucket_family(*v->collective()) >= 0 && detail::input_dtype(*v) && bytes <= cap_bytes) {
+      if (detail::bucket_family_of(*v->collective()) != bucket_family::none && detail::input_dtype(*v) && bytes <= cap_bytes) {
         open.push_back(v);
         open_bytes = bytes;
         start = j;

@@ -65,9 +65,8 @@ enum class nccl_hw : std::uint8_t { nvlink, pci, net };
 /// GPU generations NCCL tunes for (VOLTA/AMPERE/HOPPER/BLACKWELL_COMPCAP_IDX: sm70, sm80,
 /// sm90, sm100).
 enum class gpu_generation : std::uint8_t { volta, ampere, hopper, blackwell };
-/// The collectives the model knows (NCCL's ncclFunc* that funcol uses, plus all-to-all, which
-/// NCCL runs as grouped send/recv).
-enum class nccl_coll : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, all_to_all };
+// nccl_coll, the collectives the model knows, is ops/op_traits.hpp's: each collective's
+// op_traits<O>::cost names the one that prices it.
 
 /// Number of nccl_algo values (len(NCCL_ALGO)).
 inline constexpr std::size_t nccl_num_algos = 2;
@@ -588,17 +587,6 @@ inline double bytes_of(const tensor_meta& m) {
   return double(numel_of(m.shape)) * double(element_size(m.dtype));
 }
 
-/// Number of op applications in a pointwise node's expression text ("mul(relu(%0), 2.)" has
-/// 2): every name directly followed by '('.
-inline std::size_t expr_op_count(std::string_view expr) {
-  std::size_t n = 0;
-  for (std::size_t i = 1; i < expr.size(); ++i) {
-    const char c = expr[i - 1];
-    if (expr[i] == '(' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
-      ++n;
-  }
-  return n;
-}
 
 }  // namespace detail
 
@@ -663,70 +651,51 @@ struct cost_model {
 
   /// Time of collective `op` on `inputs` (one rank's input metas) over `group_size` ranks: the
   /// calibration's interpolation when it has points for the op (for a coalesced op, else for
-  /// its single-tensor op) at that group size, else the analytical model. Coalesced ops are one
-  /// launch moving the sum of their tensors.
+  /// its single-tensor op, op_traits<O>::single_op) at that group size, else the analytical
+  /// model of the NCCL collective op_traits<O>::cost names. Coalesced ops are one launch moving
+  /// the sum of their tensors. A collective's cost reads its inputs and the group size only.
   double collective_us(const ops::collective_op& op, const std::vector<tensor_meta>& inputs, int group_size) const {
-    double bytes = 0;
-    for (auto& m : inputs) bytes += detail::bytes_of(m);
-    const std::string_view name = ops::name_of(op);
-    if (auto us = measured.interpolate(name, group_size, static_cast<std::int64_t>(bytes))) return *us;
-    const std::string_view base = base_name(name);
-    if (base != name)
-      if (auto us = measured.interpolate(base, group_size, static_cast<std::int64_t>(bytes))) return *us;
-    const double n = group_size;
     return std::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
-          if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>)
-            return nccl_collective(nccl_coll::all_reduce, bytes, group_size).us;
-          else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
-                             std::is_same_v<O, ops::all_gather_into_tensor_coalesced>)
-            return nccl_collective(nccl_coll::all_gather, bytes * n, group_size).us;
-          else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
-                             std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>)
-            return nccl_collective(nccl_coll::reduce_scatter, bytes, group_size).us;
-          else if constexpr (std::is_same_v<O, ops::broadcast>)
-            return nccl_collective(nccl_coll::broadcast, bytes, group_size).us;
-          else
-            return nccl_collective(nccl_coll::all_to_all, bytes, group_size).us;
+          ::ccgraph::detail::require_cost<O>();
+          ::ccgraph::detail::require_bucketing<O>();
+          const op_cost c = op_traits<O>::cost(o, cost_args{inputs, {}, group_size});
+          CCGRAPH_CHECK(c.k == op_cost::kind::collective, "cost_model: ", O::name, " is not priced as a collective");
+          double bytes = 0;
+          for (auto& m : inputs) bytes += detail::bytes_of(m);
+          if (auto us = measured.interpolate(O::name, group_size, static_cast<std::int64_t>(bytes))) return *us;
+          using single = typename op_traits<O>::single_op;
+          if constexpr (!std::is_same_v<single, O>)
+            if (auto us = measured.interpolate(single::name, group_size, static_cast<std::int64_t>(bytes))) return *us;
+          return nccl_collective(c.coll, c.bytes, group_size).us;
         },
         op);
   }
 
-  /// Roofline time of a compute node: max(FLOPs / peak, bytes / memory bandwidth) + launch.
-  /// matmul: 2MNK FLOPs at the dtype's matmul peak, operands and result as bytes; pointwise:
-  /// (output elements x ops in the fused expression) FLOPs at the f32 vector rate, inputs and
-  /// output as bytes; cat, repeat, copy, contiguous: bytes only (contiguous is costed as the
-  /// copy it is after a transpose: metas carry no strides). Views, waits, placeholders, output
-  /// and collectives: 0 (collectives are collective_us's).
+  /// Roofline time of a compute node, from what op_traits<O>::cost describes: max(FLOPs / peak,
+  /// bytes / memory bandwidth) + launch. matmul: 2MNK FLOPs at the dtype's matmul peak,
+  /// operands and result as bytes; pointwise: (output elements x ops in the fused expression)
+  /// FLOPs at the f32 vector rate, inputs and output as bytes; cat, repeat, copy, contiguous:
+  /// bytes only (contiguous is costed as the copy it is after a transpose: metas carry no
+  /// strides). Ops that launch nothing (views, waits, placeholders, output): 0; collectives: 0
+  /// (collective_us prices them).
   double compute_us(const node& n) const {
-    return std::visit(
-        [&](const auto& o) -> double {
-          using O = std::decay_t<decltype(o)>;
-          if constexpr (std::is_same_v<O, ops::matmul>) {
-            const auto& a = arg_meta(n, 0);
-            const auto& b = arg_meta(n, 1);
-            const double flops = double(detail::matmul_flops(a.shape, b.shape));
-            const double bytes = detail::bytes_of(a) + detail::bytes_of(b) + detail::bytes_of(n.meta());
-            return roofline_us(flops, matmul_peak(a.dtype), bytes);
-          } else if constexpr (std::is_same_v<O, ops::pointwise>) {
-            double bytes = detail::bytes_of(n.meta());
-            for (std::size_t i = 0; i < n.args().size(); ++i) bytes += detail::bytes_of(arg_meta(n, i));
-            const double flops = double(numel_of(n.shape())) * double(std::max<std::size_t>(1, detail::expr_op_count(o.expr)));
-            return roofline_us(flops, device.flops_f32, bytes);
-          } else if constexpr (std::is_same_v<O, ops::cat> || std::is_same_v<O, ops::repeat> ||
-                               std::is_same_v<O, ops::contiguous>) {
-            double bytes = detail::bytes_of(n.meta());
-            for (std::size_t i = 0; i < n.args().size(); ++i) bytes += detail::bytes_of(arg_meta(n, i));
-            return roofline_us(0, 1, bytes);
-          } else if constexpr (std::is_same_v<O, ops::copy>) {
-            // Reads the source, writes the result; the destination is only overwritten.
-            return roofline_us(0, 1, detail::bytes_of(arg_meta(n, 1)) + detail::bytes_of(n.meta()));
-          } else {
-            return 0.0;  // placeholder, output, wait_tensor, views, collectives
-          }
-        },
-        n.kind());
+    std::vector<tensor_meta> in;
+    in.reserve(n.args().size());
+    for (std::size_t i = 0; i < n.args().size(); ++i) in.push_back(arg_meta(n, i));
+    const op_cost c = cost_of(n.kind(), in, n.metas(), n.group() ? n.group()->size() : 1);
+    switch (c.k) {
+      case op_cost::kind::free:
+      case op_cost::kind::collective: return 0.0;
+      case op_cost::kind::compute: break;
+    }
+    switch (c.peak) {
+      case peak_class::matmul: return roofline_us(c.flops, matmul_peak(c.dt), c.bytes);
+      case peak_class::vector: return roofline_us(c.flops, device.flops_f32, c.bytes);
+      case peak_class::none: break;
+    }
+    return roofline_us(0, 1, c.bytes);
   }
 
   /// Time of any node: collective_us over the node's group size and argument metas for
@@ -750,12 +719,6 @@ struct cost_model {
     return a.src->meta(a.index);
   }
 
-  static std::string_view base_name(std::string_view name) {
-    constexpr std::string_view suffix = "_coalesced";
-    if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix)
-      return name.substr(0, name.size() - suffix.size());
-    return name;
-  }
 
   double matmul_peak(dtype dt) const {
     switch (dt) {

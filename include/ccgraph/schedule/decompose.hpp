@@ -39,6 +39,20 @@ inline row_ranges chunk_rows(std::int64_t rows, int chunks) {
   return out;
 }
 
+/// The family of collective node `c` (op_traits<O>::family), but only for single-tensor ops
+/// (op_traits<O>::single_op is the op itself): none for the rest.
+inline bucket_family collective_family(const node& c) {
+  return visit_op(c.kind(), [](const auto& o) {
+    using O = std::decay_t<decltype(o)>;
+    if constexpr (op_traits<O>::category == op_category::collective) {
+      require_bucketing<O>();
+      return std::is_same_v<typename op_traits<O>::single_op, O> ? op_traits<O>::family : bucket_family::none;
+    } else {
+      return bucket_family::none;
+    }
+  });
+}
+
 /// For a node whose output row r is computed from row r of some arguments only (and from the
 /// whole of the others), which arguments carry rows; nullopt for any other node. Such nodes are
 /// a matmul of 2-d operands (the left one carries rows) and a pointwise node with a 2-d output
@@ -174,7 +188,7 @@ inline std::optional<decomposition> match_rows_then_collective(const graph& g, n
   if (c->args().size() != 1 || c->users().size() != 1 || !c->users().front()->is_wait()) return std::nullopt;
   node* y = c->args().front().src;
   if (y->users().size() != 1 || !row_args(*y)) return std::nullopt;
-  const std::int64_t blocks = std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()) ? c->group()->size() : 1;
+  const std::int64_t blocks = collective_family(*c) == bucket_family::reduce_scatter ? c->group()->size() : 1;
   if (y->shape()[0] / blocks < chunks) return std::nullopt;
   std::vector<node*> region = row_region(g, y);
   bool has_matmul = false;
@@ -222,7 +236,7 @@ struct placements {
 inline void decompose_rows_then_collective(graph& g, const decomposition& d, int chunks, placements& at) {
   node* c = d.collective;
   node* y = c->args().front().src;
-  const std::int64_t blocks = std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()) ? c->group()->size() : 1;
+  const std::int64_t blocks = collective_family(*c) == bucket_family::reduce_scatter ? c->group()->size() : 1;
   const std::int64_t rows = y->shape()[0] / blocks;
   row_chunk_builder b{g, &at.after[c], {d.nodes.begin(), d.nodes.end()}, {}, {}, {}};
   std::vector<node*> pieces;
@@ -291,9 +305,7 @@ inline void decompose_gather_then_rows(graph& g, const decomposition& d, int chu
 /// member of its group sees alike): all_reduce, reduce_scatter_tensor and all_gather_into_tensor
 /// of one 2-d input.
 inline bool decomposable(const node& c) {
-  const bool kind = std::holds_alternative<ops::all_reduce>(c.kind()) ||
-                    std::holds_alternative<ops::reduce_scatter_tensor>(c.kind()) ||
-                    std::holds_alternative<ops::all_gather_into_tensor>(c.kind());
+  const bool kind = c.is_collective() && c.args().size() == 1 && collective_family(c) != bucket_family::none;
   return kind && c.args().size() == 1 && c.args().front().src->shape(c.args().front().index).size() == 2;
 }
 
@@ -337,7 +349,7 @@ inline void decompose_matmul_collectives(graph& g, int chunks, rank_context* ctx
   for (std::size_t i = 0; i < comms.size() && chunks >= 2; ++i) {
     node* c = comms[i];
     if (!detail::decomposable(*c)) continue;
-    found[i] = std::holds_alternative<ops::all_gather_into_tensor>(c->kind())
+    found[i] = detail::collective_family(*c) == bucket_family::all_gather
                    ? detail::match_gather_then_rows(c, chunks)
                    : detail::match_rows_then_collective(g, c, chunks);
     if (!found[i]) continue;

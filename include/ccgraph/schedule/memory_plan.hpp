@@ -207,20 +207,27 @@ using layout = tensor<float>;
 
 inline layout contiguous_layout(const shape_t& s) { return layout(nullptr, s, contiguous_strides(s), 0); }
 
-/// The layout of view node `n` applied to `in`.
+/// The layout of view node `n` applied to `in` (op_traits<O>::apply_view on a storage-less
+/// tensor); `in` itself for a wait (identity).
 inline layout view_layout(const node& n, const layout& in) {
-  return std::visit(
-      [&](const auto& o) -> layout {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, ops::reshape>) return in.reshape(n.shape());
-        else if constexpr (std::is_same_v<O, ops::narrow>) return in.narrow(o.dim, o.start, o.length);
-        else if constexpr (std::is_same_v<O, ops::transpose>) return in.transpose(o.dim0, o.dim1);
-        else if constexpr (std::is_same_v<O, ops::permute>) return in.permute(o.dims);
-        else if constexpr (std::is_same_v<O, ops::select>) return in.select(o.dim, o.index);
-        else if constexpr (std::is_same_v<O, ops::unsqueeze>) return in.unsqueeze(o.dim);
-        else return in;
-      },
-      n.kind());
+  return visit_op(n.kind(), [&](const auto& o) -> layout {
+    using O = std::decay_t<decltype(o)>;
+    constexpr alias_kind a = op_traits<O>::aliasing;
+    if constexpr (a == alias_kind::view || a == alias_kind::view_or_copy) {
+      require_apply_view<O>();
+      return op_traits<O>::apply_view(o, in);
+    } else {
+      CCGRAPH_CHECK(a == alias_kind::identity, "memory_plan: %", n.name(), " (", O::name, ") is not a view");
+      return in;
+    }
+  });
+}
+
+/// True for nodes whose output 0 lives in input 0's buffer (views, waits), or would but for a
+/// copy its layout forces (view_or_copy).
+inline bool aliases_input(const node& n) {
+  const alias_kind a = aliasing_of(n.kind());
+  return a == alias_kind::view || a == alias_kind::view_or_copy || a == alias_kind::identity;
 }
 
 /// How a node's outputs relate to memory.
@@ -230,12 +237,10 @@ enum class value_kind {
   produced,  // written into a buffer of its own (or, for a stolen all_reduce output, its input's)
 };
 
-/// True for a reshape or contiguous node whose input layout forces a copy; only meaningful
-/// when the input lives in a planned buffer (its layout is then known).
+/// True for a view_or_copy node (reshape, contiguous) whose input layout forces a copy; only
+/// meaningful when the input lives in a planned buffer (its layout is then known).
 inline bool copies(const node& n, const layout& in) {
-  const bool is_reshape = std::holds_alternative<ops::reshape>(n.kind());
-  const bool is_contig = std::holds_alternative<ops::contiguous>(n.kind());
-  return (is_reshape || is_contig) && !in.is_contiguous();
+  return aliasing_of(n.kind()) == alias_kind::view_or_copy && !in.is_contiguous();
 }
 
 /// A buffer to pack: its size and its live interval.
@@ -576,8 +581,8 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
     producer_of[p].assign(outs, -1);
     plan.buffer_of[p].assign(outs, -1);
     layout_of[p].assign(outs, detail::layout(nullptr, {0}, {1}, 0));
-    if (std::holds_alternative<ops::placeholder>(nd->kind()) || outs == 0) continue;
-    if (nd->is_wait() || nd->is_view() || std::holds_alternative<ops::contiguous>(nd->kind())) {
+    if (aliasing_of(nd->kind()) == alias_kind::external || outs == 0) continue;
+    if (detail::aliases_input(*nd)) {
       const value_ref in = nd->args().at(0);
       const std::size_t q = g.position(in.src);
       const int src = producer_of[q][static_cast<std::size_t>(in.index)];
@@ -592,8 +597,7 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
       add_alias(src, {const_cast<node*>(nd), 0});
       continue;
     }
-    const bool reduces = std::holds_alternative<ops::all_reduce>(nd->kind()) ||
-                         std::holds_alternative<ops::all_reduce_coalesced>(nd->kind());
+    const bool reduces = in_place_input_of(nd->kind());  // may write output k into input k
     // How many of nd's arguments live in each buffer (a steal needs exactly one).
     std::vector<int> arg_buffers;
     if (opt.steal && reduces) {
@@ -804,9 +808,9 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
           return fail();
         }
         own[p][static_cast<std::size_t>(k)] = {b, idx};
-      } else if (std::holds_alternative<ops::placeholder>(nd->kind())) {
+      } else if (aliasing_of(nd->kind()) == alias_kind::external) {
         // the caller's memory
-      } else if (nd->is_wait() || nd->is_view() || std::holds_alternative<ops::contiguous>(nd->kind())) {
+      } else if (detail::aliases_input(*nd)) {
         const value_ref in = nd->args().at(0);
         own[p][static_cast<std::size_t>(k)] = own[g.position(in.src)][static_cast<std::size_t>(in.index)];
       } else {
@@ -843,9 +847,9 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
         return fail();
       }
       const node* thief = i + 1 < buf.values.size() ? nodes[buf.values[i + 1].position] : nullptr;
-      if (thief && !std::holds_alternative<ops::all_reduce>(thief->kind()) &&
-          !std::holds_alternative<ops::all_reduce_coalesced>(thief->kind())) {
-        err << buf.values[i + 1].name << " shares " << v.name << "'s buffer but is not an all_reduce";
+      if (thief && !in_place_input_of(thief->kind())) {
+        err << buf.values[i + 1].name << " shares " << v.name << "'s buffer but its op (" << thief->op()
+            << ") does not write in place";
         return fail();
       }
       int thief_reads = 0;

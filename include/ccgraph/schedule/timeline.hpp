@@ -54,10 +54,8 @@ inline timeline simulate(const graph& g, const runtime_estimator& estimate) {
     double ready = 0;
     for (auto& a : n->args()) ready = std::max(ready, done[a.src]);
     timeline_event ev{n, n->is_collective(), 0, 0, 0};
-    const double cost = std::holds_alternative<ops::placeholder>(n->kind()) ||
-                                std::holds_alternative<ops::output>(n->kind())
-                            ? 0.0
-                            : estimate(*n);
+    const double cost =
+        n->category() == op_category::input || n->category() == op_category::output ? 0.0 : estimate(*n);
     if (n->is_collective()) {
       // Issued when the compute stream reaches it, once its inputs exist and the stream is free.
       ev.start_us = std::max({t_comm, t_compute, ready});
@@ -108,7 +106,7 @@ inline std::string to_chrome_trace(const timeline& tl, const std::string& proces
   os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute stream\"}},\n";
   os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"comm stream\"}}";
   for (const auto& ev : tl.events) {
-    if (std::holds_alternative<ops::placeholder>(ev.n->kind()) || std::holds_alternative<ops::output>(ev.n->kind()))
+    if (ev.n->category() == op_category::input || ev.n->category() == op_category::output)
       continue;
     if (ev.stall_us > 0)
       os << ",\n{\"name\":\"exposed wait\",\"cat\":\"stall\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":"
@@ -132,7 +130,7 @@ inline std::string overlap_report(const timeline& tl) {
   for (auto& ev : tl.events)
     if (ev.on_comm_stream) comm.emplace_back(ev.start_us, ev.end_us);
   for (const auto& ev : tl.events) {
-    if (std::holds_alternative<ops::placeholder>(ev.n->kind()) || std::holds_alternative<ops::output>(ev.n->kind()))
+    if (ev.n->category() == op_category::input || ev.n->category() == op_category::output)
       continue;
     bool overlapped = false;
     if (!ev.on_comm_stream)

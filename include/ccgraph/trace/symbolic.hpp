@@ -146,4 +146,19 @@ struct leaf_type_of<symbolic<T>> {
 template <class T>
 inline constexpr bool is_symbolic_leaf_v<detail::symbolic_leaf<T>> = true;
 
+namespace detail {
+/// An op on traced values: records its node (whose metas, and errors, come from
+/// op_traits<O>::infer).
+template <class T>
+struct op_apply<symbolic<T>> {
+  template <class O, class... Ts>
+  static symbolic<T> apply(const O& o, const symbolic<T>& x, const Ts&... xs) {
+    trace_state* st = x.state();
+    node_op op = o;
+    node* n = st->g.add(std::move(op), {x.ref(), xs.ref()...}, {}, O::name);
+    return symbolic<T>(st, {n, 0});
+  }
+};
+}  // namespace detail
+
 }  // namespace ccgraph

@@ -1,0 +1,194 @@
+// ccgraph/cuda/nccl_ops.hpp: each collective's NCCL calls, the CUDA side of its op_traits
+// (ops/collective_ops.hpp): one nccl_impl<O> per collective of the closed set, checked complete
+// below, so a collective without NCCL calls fails to compile wherever <ccgraph/cuda.hpp> is
+// included. Reached only from <ccgraph/cuda.hpp> (through cuda/nccl_backend.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/reduce_op.hpp>
+#include <ccgraph/cuda/error.hpp>
+#include <ccgraph/cuda/nccl_comm.hpp>
+#include <ccgraph/ops/collective_ops.hpp>
+#include <ccgraph/runtime/communicator.hpp>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+namespace ccgraph::cuda::detail {
+
+/// The NCCL element type of `dt` (bool travels as bytes, as in PyTorch).
+inline ncclDataType_t nccl_dtype(dtype dt) {
+  switch (dt) {
+    case dtype::f32: return ncclFloat32;
+    case dtype::f64: return ncclFloat64;
+    case dtype::i32: return ncclInt32;
+    case dtype::i64: return ncclInt64;
+    case dtype::u8: return ncclUint8;
+    case dtype::boolean: return ncclUint8;
+    case dtype::bf16: return ncclBfloat16;
+    case dtype::f16: return ncclFloat16;
+  }
+  CCGRAPH_THROW(::ccgraph::error, "nccl: unsupported dtype ", dt);
+}
+
+/// The NCCL reduction of `op` on elements of type `dt`. bool travels as bytes (nccl_dtype), so
+/// its reductions become the byte ones that give bool results (bool_reduce_as_bytes: sum is
+/// max, product min, as c10d does for sum; a byte sum would wrap to false at 256 trues). NCCL
+/// has no bitwise reductions: band, bor and bxor are errors, except band and bor on bool.
+inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
+  if (dt == dtype::boolean) {
+    const std::optional<reduce_op> bytes = bool_reduce_as_bytes(op);
+    CCGRAPH_CHECK(bytes.has_value(), what, ": reduce op ", op,
+                  " on bool tensors is not supported by NCCL (it has sum, product, min, max, band, bor for bool)");
+    op = *bytes;
+  }
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::avg: return ncclAvg;
+    case reduce_op::product: return ncclProd;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    default: break;
+  }
+  CCGRAPH_THROW(::ccgraph::error, what, ": reduce op ", op,
+                " is not supported by NCCL (it has sum, avg, product, min, max)");
+}
+
+/// One tensor of a collective request, as an NCCL call needs it.
+struct nccl_call {
+  const ::ccgraph::detail::collective_request& req;
+  const ::ccgraph::detail::buffer& in;   // this tensor's input
+  const ::ccgraph::detail::buffer& out;  // and output
+  void* in_ptr;
+  void* out_ptr;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  const char* what;
+
+  std::size_t in_count() const { return static_cast<std::size_t>(numel_of(in.meta.shape)); }
+  std::size_t out_count() const { return static_cast<std::size_t>(numel_of(out.meta.shape)); }
+  ncclDataType_t dt() const { return nccl_dtype(in.meta.dtype); }
+  ncclRedOp_t redop(reduce_op op) const { return nccl_redop(op, in.meta.dtype, what); }
+};
+
+/// The NCCL calls of collective `O`, one tensor at a time: `issue(o, call)`, and `grouped`
+/// when even one tensor takes several NCCL calls (then the backend wraps them in a group).
+template <class O>
+struct nccl_impl;
+
+template <>
+struct nccl_impl<ops::all_reduce> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::all_reduce& o, const nccl_call& c) {
+    CCGRAPH_CHECK_NCCL(ncclAllReduce(c.in_ptr, c.out_ptr, c.in_count(), c.dt(), c.redop(o.op), c.comm, c.stream));
+  }
+};
+template <>
+struct nccl_impl<ops::all_reduce_coalesced> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::all_reduce_coalesced& o, const nccl_call& c) {
+    nccl_impl<ops::all_reduce>::issue(ops::all_reduce{o.op}, c);
+  }
+};
+template <>
+struct nccl_impl<ops::all_gather_into_tensor> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::all_gather_into_tensor&, const nccl_call& c) {
+    CCGRAPH_CHECK_NCCL(ncclAllGather(c.in_ptr, c.out_ptr, c.in_count(), c.dt(), c.comm, c.stream));
+  }
+};
+template <>
+struct nccl_impl<ops::all_gather_into_tensor_coalesced> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::all_gather_into_tensor_coalesced& o, const nccl_call& c) {
+    nccl_impl<ops::all_gather_into_tensor>::issue(ops::all_gather_into_tensor{o.group_size}, c);
+  }
+};
+template <>
+struct nccl_impl<ops::reduce_scatter_tensor> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::reduce_scatter_tensor& o, const nccl_call& c) {
+    CCGRAPH_CHECK_NCCL(ncclReduceScatter(c.in_ptr, c.out_ptr, c.out_count(), c.dt(), c.redop(o.op), c.comm, c.stream));
+  }
+};
+template <>
+struct nccl_impl<ops::reduce_scatter_tensor_coalesced> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::reduce_scatter_tensor_coalesced& o, const nccl_call& c) {
+    nccl_impl<ops::reduce_scatter_tensor>::issue(ops::reduce_scatter_tensor{o.op, o.group_size}, c);
+  }
+};
+template <>
+struct nccl_impl<ops::broadcast> {
+  static constexpr bool grouped = false;
+  static void issue(const ops::broadcast& o, const nccl_call& c) {
+    CCGRAPH_CHECK_NCCL(
+        ncclBroadcast(c.in_ptr, c.out_ptr, c.in_count(), c.dt(), c.req.group.index_of(o.src), c.comm, c.stream));
+  }
+};
+template <>
+struct nccl_impl<ops::all_to_all_single> {
+  static constexpr bool grouped = true;  // a send and a recv per peer
+  /// Grouped send/recv: rows of dim 0, split per peer in group order.
+  static void issue(const ops::all_to_all_single& o, const nccl_call& c) {
+    const int n = c.req.group.size();
+    const auto& in = c.in;
+    const auto& out = c.out;
+    const std::int64_t rows_in = in.meta.shape.empty() ? 1 : in.meta.shape[0];
+    const std::int64_t row = rows_in ? numel_of(in.meta.shape) / rows_in : 0;
+    auto splits = [&](const std::vector<std::int64_t>& v, std::int64_t total) {
+      return v.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(n), total / n) : v;
+    };
+    const std::int64_t rows_out = out.meta.shape.empty() ? 1 : out.meta.shape[0];
+    const auto ins = splits(o.input_split_sizes, rows_in);
+    const auto outs = splits(o.output_split_sizes, rows_out);
+    const auto esz = static_cast<std::int64_t>(element_size(in.meta.dtype));
+    std::int64_t so = 0, ro = 0;
+    for (int j = 0; j < n; ++j) {
+      const auto sj = static_cast<std::size_t>(j);
+      if (ins[sj] * row > 0)
+        CCGRAPH_CHECK_NCCL(ncclSend(static_cast<char*>(c.in_ptr) + so * row * esz,
+                                    static_cast<std::size_t>(ins[sj] * row), c.dt(), j, c.comm, c.stream));
+      if (outs[sj] * row > 0)
+        CCGRAPH_CHECK_NCCL(ncclRecv(static_cast<char*>(c.out_ptr) + ro * row * esz,
+                                    static_cast<std::size_t>(outs[sj] * row), c.dt(), j, c.comm, c.stream));
+      so += ins[sj];
+      ro += outs[sj];
+    }
+  }
+};
+
+template <class O>
+concept has_nccl_impl = requires(const O& o, const nccl_call& c) {
+  { nccl_impl<O>::issue(o, c) } -> std::same_as<void>;
+  { nccl_impl<O>::grouped } -> std::convertible_to<bool>;
+};
+
+template <class O>
+constexpr bool check_nccl_op() {
+  static_assert(has_nccl_impl<O>,
+                "nccl backend: a collective lacks `nccl_impl<O>` (issue, grouped) in cuda/nccl_ops.hpp; see "
+                "docs/concepts.md \"Adding an op\" (the op is named in the instantiation backtrace)");
+  return true;
+}
+template <class... Os>
+constexpr bool check_nccl_ops(const std::variant<Os...>*) {
+  return (check_nccl_op<Os>() && ...);
+}
+// Every collective of the closed set has its NCCL calls.
+static_assert(check_nccl_ops(static_cast<const ops::collective_op*>(nullptr)));
+
+/// True when one tensor of collective `op` already takes several NCCL calls (a group).
+inline bool nccl_always_grouped(const ops::collective_op& op) {
+  return std::visit([](const auto& o) { return nccl_impl<std::decay_t<decltype(o)>>::grouped; }, op);
+}
+
+}  // namespace ccgraph::cuda::detail

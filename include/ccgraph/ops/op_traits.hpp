@@ -1,0 +1,297 @@
+// ccgraph/ops/op_traits.hpp: what a graph op must say about itself. Each op is one type (its
+// attributes, a Boost.Hana struct) paired with one `op_traits<O>` specialisation carrying all it
+// means, the way CuTe pairs an MMA atom with its MMA_Traits: inference with the user-facing
+// errors, aliasing for the memory planner, how it runs, its cost, its collective family, and the
+// gradient and sharding slots. Every dispatcher (inference, planner, executors, CPU and NCCL
+// collectives, cost model, bucketing) is one visit over the closed op set (ir/node_op.hpp) that
+// reads these; an op missing a behaviour fails to compile with a static_assert naming the
+// behaviour (the instantiation backtrace names the op). No primary definition: an op without
+// traits is an error too. docs/concepts.md "Adding an op" shows a worked example.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/reduce_op.hpp>
+#include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/tensor/any_tensor.hpp>
+
+namespace ccgraph {
+
+struct group_info;
+
+/// Everything op `O` means; specialised once per op, next to the op's definition.
+template <class O>
+struct op_traits;
+
+/// What kind of node an op makes; dispatchers branch on it, never on op types.
+enum class op_category : std::uint8_t {
+  input,       // a graph input (placeholder)
+  output,      // the graph's results
+  wait,        // waits for a pending value (wait_tensor)
+  pointwise,   // a fused pointwise expression
+  compute,     // any other computation (matmul, cat, ...)
+  view,        // a view of its input, or a copy when the layout forces one
+  collective,  // a collective over a group
+};
+
+/// Where an op's outputs live, for the memory planner and the executors.
+enum class alias_kind : std::uint8_t {
+  fresh,         // written into new (planned) buffers
+  view,          // output 0 is a view of input 0 (op_traits<O>::apply_view gives it)
+  view_or_copy,  // a view when input 0 is contiguous, else a copy into a new buffer
+  identity,      // output 0 is input 0 (wait_tensor)
+  external,      // the caller's memory (graph inputs): never planned, never written
+};
+
+/// The collectives the cost model prices (NCCL's ncclFunc* that funcol uses, plus all-to-all,
+/// which NCCL runs as grouped send/recv).
+enum class nccl_coll : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, all_to_all };
+
+/// Which peak rate prices an op's FLOPs.
+enum class peak_class : std::uint8_t {
+  none,    // bytes only (copies, cat)
+  matmul,  // the dtype's matmul (tensor core) peak
+  vector,  // the f32 vector rate (pointwise)
+};
+
+/// The coalesced family a collective merges into when bucketed (schedule/bucketing.hpp).
+enum class bucket_family : std::uint8_t { none, all_reduce, all_gather, reduce_scatter };
+
+/// What the cost model prices: an op's work, described by the op, priced by the model.
+struct op_cost {
+  /// free: launches nothing (views, waits, graph inputs and outputs); compute: a roofline of
+  /// `flops` at `peak` for `dt` and `bytes` of memory traffic; collective: NCCL's `coll` moving
+  /// `bytes` (as nccl_collective counts them).
+  enum class kind : std::uint8_t { free, compute, collective };
+  kind k = kind::free;
+  double flops = 0;
+  double bytes = 0;
+  peak_class peak = peak_class::none;
+  ccgraph::dtype dt = ccgraph::dtype::f32;
+  nccl_coll coll = nccl_coll::all_reduce;
+
+  /// Launches nothing.
+  static op_cost none() { return {}; }
+  /// A kernel: max(flops / peak, bytes / bandwidth) plus a launch.
+  static op_cost compute(double flops, double bytes, peak_class peak, ccgraph::dtype dt = ccgraph::dtype::f32) {
+    return {kind::compute, flops, bytes, peak, dt, nccl_coll::all_reduce};
+  }
+  /// A collective: `coll` moving `bytes`.
+  static op_cost collective(nccl_coll c, double bytes) {
+    return {kind::collective, 0, bytes, peak_class::none, ccgraph::dtype::f32, c};
+  }
+};
+
+/// What an op's inference sees besides its inputs: the group for collectives.
+struct infer_ctx {
+  const group_info* group = nullptr;
+};
+
+/// What an op's cost sees: its input and output metas and, for collectives, the group size.
+struct cost_args {
+  const std::vector<tensor_meta>& in;
+  const std::vector<tensor_meta>& out;
+  int group_size = 1;
+};
+
+/// What an op's run sees: its inputs, its planned output buffers (one per output, or empty: then
+/// it allocates), and its output metas and device.
+struct run_args {
+  const std::vector<any_tensor>& in;
+  const std::vector<any_tensor>& outs;
+  const std::vector<tensor_meta>& metas;
+  ccgraph::device dev;
+};
+
+/// The value of a gradient or sharding slot that a later issue fills: `reason` says which.
+struct gradient_todo {
+  static constexpr std::string_view reason = "issue 15 (autograd) gives each op its gradient rule";
+};
+/// See gradient_todo.
+struct sharding_todo {
+  static constexpr std::string_view reason = "issue 16 (DTensor) gives each op its sharding rule";
+};
+
+namespace detail {
+
+/// The interface a CPU backend hands a collective's run_cpu: one member's view of a collective
+/// once every member's request is in hand (runtime/cpu_collectives.hpp's cpu_member). Declared
+/// only: the behaviour check below runs run_cpu's declaration against it.
+struct cpu_member_archetype {
+  int size() const;                  // members in the group
+  int me() const;                    // this member's index
+  int rank_of(int member) const;     // a member's global rank (for messages)
+  int index_of(int rank) const;      // a global rank's member index, or -1
+  std::size_t tensors() const;       // tensors per member (coalesced forms have several)
+  template <class O>
+  const O& op_of(int member) const;  // a member's op, with its attributes
+  void reduce(std::size_t k, reduce_op op, std::int64_t chunk) const;  // output k = reduction of chunk of inputs k
+  void gather(std::size_t k) const;  // output k = every member's input k, in group order
+  void copy(int member, std::size_t k) const;  // output k = a member's input k
+  void copy_rows(int member, std::size_t k, std::int64_t src_row, std::int64_t dst_row,
+                 std::int64_t rows) const;                      // rows of a member's input k into output k
+};
+
+template <class O>
+concept op_has_traits = requires { sizeof(op_traits<O>); };
+template <class O>
+concept op_has_category = requires {
+  { op_traits<O>::category } -> std::convertible_to<op_category>;
+};
+template <class O>
+concept op_has_infer = requires(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+  { op_traits<O>::infer(o, in, c) } -> std::same_as<std::vector<tensor_meta>>;
+};
+template <class O>
+concept op_has_aliasing = requires {
+  { op_traits<O>::aliasing } -> std::convertible_to<alias_kind>;
+  { op_traits<O>::in_place_input } -> std::convertible_to<bool>;
+};
+template <class O>
+concept op_has_apply_view = requires(const O& o, const tensor<float>& t) {
+  { op_traits<O>::apply_view(o, t) } -> std::same_as<tensor<float>>;
+};
+template <class O>
+concept op_has_run = requires(const O& o, const run_args& a) {
+  { op_traits<O>::run(o, a) } -> std::same_as<std::vector<any_tensor>>;
+};
+template <class O>
+concept op_has_run_cpu_collective = requires(const O& o, const cpu_member_archetype& m) {
+  { op_traits<O>::run_cpu(o, m) } -> std::same_as<void>;
+};
+template <class O>
+concept op_has_cost = requires(const O& o, const cost_args& a) {
+  { op_traits<O>::cost(o, a) } -> std::same_as<op_cost>;
+};
+template <class O>
+concept op_has_bucketing = requires(const O& o) {
+  { op_traits<O>::family } -> std::convertible_to<bucket_family>;
+  typename op_traits<O>::single_op;
+  { op_traits<O>::reduce(o) } -> std::same_as<std::optional<reduce_op>>;
+};
+template <class O>
+concept op_has_coalesce = requires(const O& o) {
+  typename op_traits<O>::coalesced_op;
+  { op_traits<O>::coalesce(o, 2) } -> std::same_as<typename op_traits<O>::coalesced_op>;
+};
+template <class O>
+concept op_has_gradient = requires { typename op_traits<O>::gradient; };
+template <class O>
+concept op_has_sharding = requires { typename op_traits<O>::sharding; };
+
+// One requirement per behaviour, each a static_assert whose text names the behaviour; the
+// compiler's "required from" backtrace names the op. Dispatchers call the one they use.
+#define CCGRAPH_OP_REQUIRE(behaviour, cond)                                                   \
+  static_assert(cond, "op_traits: an op lacks `" behaviour "`; see docs/concepts.md \"Adding " \
+                      "an op\" (the op is named in the instantiation backtrace)")
+
+template <class O>
+constexpr void require_traits() {
+  CCGRAPH_OP_REQUIRE("op_traits<O> (no specialisation)", op_has_traits<O>);
+}
+template <class O>
+constexpr void require_category() {
+  CCGRAPH_OP_REQUIRE("category", op_has_category<O>);
+}
+template <class O>
+constexpr void require_infer() {
+  CCGRAPH_OP_REQUIRE("infer", op_has_infer<O>);
+}
+template <class O>
+constexpr void require_aliasing() {
+  CCGRAPH_OP_REQUIRE("aliasing / in_place_input", op_has_aliasing<O>);
+}
+template <class O>
+constexpr void require_apply_view() {
+  CCGRAPH_OP_REQUIRE("apply_view (its aliasing is a view)", op_has_apply_view<O>);
+}
+template <class O>
+constexpr void require_run() {
+  CCGRAPH_OP_REQUIRE("run", op_has_run<O>);
+}
+template <class O>
+constexpr void require_run_cpu_collective() {
+  CCGRAPH_OP_REQUIRE("run_cpu (a collective's CPU backend)", op_has_run_cpu_collective<O>);
+}
+template <class O>
+constexpr void require_cost() {
+  CCGRAPH_OP_REQUIRE("cost", op_has_cost<O>);
+}
+template <class O>
+constexpr void require_bucketing() {
+  CCGRAPH_OP_REQUIRE("family / single_op / reduce (a collective's bucketing)", op_has_bucketing<O>);
+}
+template <class O>
+constexpr void require_coalesce() {
+  CCGRAPH_OP_REQUIRE("coalesced_op / coalesce (a collective with a bucket family)", op_has_coalesce<O>);
+}
+template <class O>
+constexpr void require_gradient() {
+  CCGRAPH_OP_REQUIRE("gradient (declare `using gradient = gradient_todo;` until it has one)",
+                     op_has_gradient<O>);
+}
+template <class O>
+constexpr void require_sharding() {
+  CCGRAPH_OP_REQUIRE("sharding (declare `using sharding = sharding_todo;` until it has one)",
+                     op_has_sharding<O>);
+}
+
+/// Every behaviour op `O` must have, given its category and aliasing. Run at the definition
+/// of the closed op set, so a forgotten behaviour fails there, not only in some dispatcher.
+template <class O>
+constexpr bool check_op() {
+  require_traits<O>();
+  if constexpr (op_has_traits<O>) {
+    require_category<O>();
+    require_infer<O>();
+    require_aliasing<O>();
+    require_cost<O>();
+    require_gradient<O>();
+    require_sharding<O>();
+    if constexpr (op_has_category<O> && op_has_aliasing<O>) {
+      constexpr op_category c = op_traits<O>::category;
+      constexpr alias_kind a = op_traits<O>::aliasing;
+      if constexpr (c == op_category::collective) {
+        require_run_cpu_collective<O>();
+        require_bucketing<O>();
+        if constexpr (op_has_bucketing<O>)
+          if constexpr (op_traits<O>::family != bucket_family::none) require_coalesce<O>();
+      } else if constexpr (a == alias_kind::view || a == alias_kind::view_or_copy) {
+        require_apply_view<O>();
+      } else if constexpr (c != op_category::input && c != op_category::output) {
+        require_run<O>();
+      }
+    }
+  }
+  return true;
+}
+
+#undef CCGRAPH_OP_REQUIRE
+
+/// How an op applies to values of type V: specialised for tensors (ops/compute_ops.hpp: infer,
+/// then apply_view or run) and for traced values (trace/symbolic.hpp: records the node).
+template <class V>
+struct op_apply;
+
+/// Where eager and traced calls of an op meet: a public op function is
+/// `return detail::apply_op(ops::my_op{attrs}, x, ...)`, generic over tensors and traced values.
+template <class O, class V, class... Vs>
+V apply_op(const O& o, const V& x, const Vs&... xs) {
+  require_traits<O>();
+  return op_apply<V>::apply(o, x, xs...);
+}
+
+}  // namespace detail
+
+/// The op's name: "all_reduce", "matmul", ...
+template <class O>
+inline constexpr std::string_view op_name_v = O::name;
+
+}  // namespace ccgraph
