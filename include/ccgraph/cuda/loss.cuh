@@ -92,7 +92,7 @@ __device__ __forceinline__ void ce_finish(const ce_params<T, A>& p, std::int64_t
 /// cross_entropy forward over rows of contiguous logits (inner == 1): a group of tpr threads per
 /// position, VEC elements per load.
 template <class T, int VEC>
-__global__ void __launch_bounds__(1024) ce_rows_kernel(const ce_params<T, gpu_acc_t<T>> p, int tpr_) {
+__global__ void __launch_bounds__(512) ce_rows_kernel(const ce_params<T, gpu_acc_t<T>> p, int tpr_) {
   using A = gpu_acc_t<T>;
   __shared__ ce_state<A> smem[32];
   const int tpr = tpr_;
@@ -232,7 +232,7 @@ __device__ __forceinline__ int ce_position_factors(const ce_backward_params<T, A
 
 /// cross_entropy backward over rows (inner == 1): a group of tpr threads per position.
 template <class T, int VEC>
-__global__ void __launch_bounds__(1024) ce_backward_rows_kernel(const ce_backward_params<T, gpu_acc_t<T>> p, int tpr_) {
+__global__ void __launch_bounds__(512) ce_backward_rows_kernel(const ce_backward_params<T, gpu_acc_t<T>> p, int tpr_) {
   using A = gpu_acc_t<T>;
   const int tpr = tpr_;
   const int lane = static_cast<int>(threadIdx.x) % tpr;
@@ -365,7 +365,7 @@ void cross_entropy_cuda(const tensor<T>& input, const tensor<std::int64_t>& targ
         const bool aligned = cd::aligned16(x.data());
         const int vec = aligned && e.classes % cd::vec_elems<T> == 0 ? cd::vec_elems<T> : 1;
         const std::int64_t nv = (e.classes + vec - 1) / vec;
-        const int tpr = static_cast<int>(std::clamp<std::int64_t>(cd::next_pow2((nv + 7) / 8), 1, 1024));
+        const int tpr = static_cast<int>(std::clamp<std::int64_t>(cd::next_pow2((nv + 7) / 8), 1, 512));
         const int threads = std::max(tpr, 256);
         const std::int64_t blocks = std::min<std::int64_t>((positions + threads / tpr - 1) / (threads / tpr), std::int64_t{1} << 30);
         if (vec > 1)
@@ -452,7 +452,7 @@ void cross_entropy_backward_cuda(const tensor<T>& grad, const tensor<T>& input, 
                           ? cd::vec_elems<T>
                           : 1;
       const std::int64_t nv = (e.classes + vec - 1) / vec;
-      const int tpr = static_cast<int>(std::clamp<std::int64_t>(cd::next_pow2((nv + 3) / 4), 1, 1024));
+      const int tpr = static_cast<int>(std::clamp<std::int64_t>(cd::next_pow2((nv + 3) / 4), 1, 512));
       const int threads = std::max(tpr, 256);
       const std::int64_t blocks =
           std::min<std::int64_t>((positions + threads / tpr - 1) / (threads / tpr), std::int64_t{1} << 30);

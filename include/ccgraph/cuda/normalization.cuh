@@ -4,9 +4,10 @@
 // Rows along the last dim (the common case) run one kernel each, a group of `tpr` threads per
 // row (a power of two: part of a warp for short rows, up to 1024 threads for long ones):
 //   - register path: the row is read once with 16-byte loads into registers (VPT packs per
-//     thread, VPT in {1, 2, 4, 8}), reduced through shuffles (and shared memory past a warp), and
+//     thread, VPT in {1, 2, 4}), reduced through shuffles (and shared memory past a warp), and
 //     written once: one pass over HBM. Taken when the row length is a multiple of the pack and
-//     fits (up to 8 packs per thread: 32K f32 / 64K bf16 elements forward);
+//     fits (up to 4 packs per thread of 1024 threads: 16K f32 / 32K bf16 elements forward, half
+//     that for the backward kernels, which hold two rows);
 //   - looped path: any other row; the group walks the row twice (statistics, then output), the
 //     second pass mostly from L2. softmax's first pass is an online max / sum of exponentials.
 // softmax along an inner dim (elements strided by `inner`) runs a kernel where each thread owns
@@ -73,9 +74,13 @@ __device__ __forceinline__ lse_state<A> lse_init() {
 template <class A>
 __device__ __forceinline__ void lse_add(lse_state<A>& st, A v) {
   if (v == -std::numeric_limits<A>::infinity()) return;
-  const A m = max_nan(st.m, v);
-  st.s = (st.m == -std::numeric_limits<A>::infinity() ? A(0) : st.s * dev_exp(st.m - m)) + dev_exp(v - m);
-  st.m = m;
+  if (v > st.m) {  // a new max (rare after the first elements): rescale the sum
+    // s * exp(-inf) = 0 for the first element; exp(v - v) is NaN for v = +inf (inf - inf).
+    st.s = st.s * dev_exp(st.m - v) + dev_exp(v - v);
+    st.m = v;
+  } else {
+    st.s += dev_exp(v - st.m);  // a NaN v (or v = m = +inf) makes the sum NaN
+  }
 }
 template <class A>
 __device__ __forceinline__ lse_state<A> lse_merge(const lse_state<A>& a, const lse_state<A>& b) {
@@ -129,7 +134,7 @@ inline row_launch pick_row_launch(std::int64_t rows, std::int64_t n, int vec, bo
   if (!L.regs) {
     L.vec = aligned && n % vec == 0 ? vec : 1;
     const std::int64_t nv = (n + L.vec - 1) / L.vec;
-    L.tpr = static_cast<int>(std::clamp<std::int64_t>(next_pow2((nv + 7) / 8), 1, 1024));
+    L.tpr = static_cast<int>(std::clamp<std::int64_t>(next_pow2((nv + 7) / 8), 1, 512));
   }
   L.threads = std::max(L.tpr, 256);
   const std::int64_t groups = L.threads / L.tpr;
@@ -160,6 +165,7 @@ __global__ void __launch_bounds__(1024) softmax_rows_kernel(const T* __restrict_
   using A = gpu_acc_t<T>;
   __shared__ A smem[32];
   CCGRAPH_ROW_PROLOGUE;
+  const int ni = static_cast<int>(n);  // the register path holds rows far below 2^31
   for (std::int64_t rb = static_cast<std::int64_t>(blockIdx.x) * groups; rb < rows;
        rb += static_cast<std::int64_t>(gridDim.x) * groups) {
     const std::int64_t row = rb + group;
@@ -167,28 +173,28 @@ __global__ void __launch_bounds__(1024) softmax_rows_kernel(const T* __restrict_
     vpack<T, VEC> v[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (valid && c < n) v[k] = load_pack<VEC>(x + row * n + c);
+      const int c = (k * tpr + lane) * VEC;
+      if (valid && c < ni) v[k] = load_pack<VEC>(x + row * n + c);
     }
     A m = -std::numeric_limits<A>::infinity();
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
-      if (valid && (static_cast<std::int64_t>(k) * tpr + lane) * VEC < n)
+      if (valid && (k * tpr + lane) * VEC < ni)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) m = max_nan(m, static_cast<A>(to_acc(v[k].v[j])));
     m = group_allreduce(m, tpr, [](A a, A b) { return max_nan(a, b); }, smem);
     A s = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
-      if (valid && (static_cast<std::int64_t>(k) * tpr + lane) * VEC < n)
+      if (valid && (k * tpr + lane) * VEC < ni)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) s += dev_exp(static_cast<A>(to_acc(v[k].v[j])) - m);
     s = group_allreduce(s, tpr, [](A a, A b) { return a + b; }, smem);
     const A ls = Log ? dev_log(s) : A(0);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (!valid || c >= n) continue;
+      const int c = (k * tpr + lane) * VEC;
+      if (!valid || c >= ni) continue;
       vpack<T, VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -201,7 +207,7 @@ __global__ void __launch_bounds__(1024) softmax_rows_kernel(const T* __restrict_
 }
 
 template <class T, int VEC, bool Log>
-__global__ void __launch_bounds__(1024) softmax_rows_looped_kernel(const T* __restrict__ x, T* __restrict__ y,
+__global__ void __launch_bounds__(512) softmax_rows_looped_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                                     std::int64_t rows, std::int64_t n, int tpr_) {
   using A = gpu_acc_t<T>;
   __shared__ lse_state<A> smem[32];
@@ -264,6 +270,7 @@ __global__ void __launch_bounds__(1024) softmax_backward_rows_kernel(const T* __
   using A = gpu_acc_t<T>;
   __shared__ A smem[32];
   CCGRAPH_ROW_PROLOGUE;
+  const int ni = static_cast<int>(n);  // the register path holds rows far below 2^31
   for (std::int64_t rb = static_cast<std::int64_t>(blockIdx.x) * groups; rb < rows;
        rb += static_cast<std::int64_t>(gridDim.x) * groups) {
     const std::int64_t row = rb + group;
@@ -271,8 +278,8 @@ __global__ void __launch_bounds__(1024) softmax_backward_rows_kernel(const T* __
     vpack<T, VEC> gv[VPT], yv[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (valid && c < n) {
+      const int c = (k * tpr + lane) * VEC;
+      if (valid && c < ni) {
         gv[k] = load_pack<VEC>(g + row * n + c);
         yv[k] = load_pack<VEC>(y + row * n + c);
       }
@@ -280,7 +287,7 @@ __global__ void __launch_bounds__(1024) softmax_backward_rows_kernel(const T* __
     A s = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
-      if (valid && (static_cast<std::int64_t>(k) * tpr + lane) * VEC < n)
+      if (valid && (k * tpr + lane) * VEC < ni)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const A gk = static_cast<A>(to_acc(gv[k].v[j]));
@@ -289,8 +296,8 @@ __global__ void __launch_bounds__(1024) softmax_backward_rows_kernel(const T* __
     s = group_allreduce(s, tpr, [](A a, A b) { return a + b; }, smem);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (!valid || c >= n) continue;
+      const int c = (k * tpr + lane) * VEC;
+      if (!valid || c >= ni) continue;
       vpack<T, VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -304,7 +311,7 @@ __global__ void __launch_bounds__(1024) softmax_backward_rows_kernel(const T* __
 }
 
 template <class T, int VEC, bool Log>
-__global__ void __launch_bounds__(1024) softmax_backward_rows_looped_kernel(const T* __restrict__ g,
+__global__ void __launch_bounds__(512) softmax_backward_rows_looped_kernel(const T* __restrict__ g,
                                                                              const T* __restrict__ y,
                                                                              T* __restrict__ dx, std::int64_t rows,
                                                                              std::int64_t n, int tpr_) {
@@ -377,6 +384,7 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(const T* __restrict__ x
   using A = gpu_acc_t<T>;
   __shared__ A smem[32];
   CCGRAPH_ROW_PROLOGUE;
+  const int ni = static_cast<int>(n);  // the register path holds rows far below 2^31
   const auto plus = [](A a, A c) { return a + c; };
   for (std::int64_t rb = static_cast<std::int64_t>(blockIdx.x) * groups; rb < rows;
        rb += static_cast<std::int64_t>(gridDim.x) * groups) {
@@ -385,15 +393,15 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(const T* __restrict__ x
     vpack<T, VEC> v[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (valid && c < n) v[k] = load_pack<VEC>(x + row * n + c);
+      const int c = (k * tpr + lane) * VEC;
+      if (valid && c < ni) v[k] = load_pack<VEC>(x + row * n + c);
     }
     A mu = 0;
     if constexpr (!RMS) {
       A s = 0;
 #pragma unroll
       for (int k = 0; k < VPT; ++k)
-        if (valid && (static_cast<std::int64_t>(k) * tpr + lane) * VEC < n)
+        if (valid && (k * tpr + lane) * VEC < ni)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) s += static_cast<A>(to_acc(v[k].v[j]));
       mu = group_allreduce(s, tpr, plus, smem) / static_cast<A>(n);
@@ -401,7 +409,7 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(const T* __restrict__ x
     A ss = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
-      if (valid && (static_cast<std::int64_t>(k) * tpr + lane) * VEC < n)
+      if (valid && (k * tpr + lane) * VEC < ni)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const A d = static_cast<A>(to_acc(v[k].v[j])) - mu;
@@ -411,8 +419,8 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(const T* __restrict__ x
     if (!valid) continue;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (c >= n) continue;
+      const int c = (k * tpr + lane) * VEC;
+      if (c >= ni) continue;
       vpack<T, VEC> wv, bv, o;
       if (w) wv = load_pack<VEC>(w + c);
       if (b) bv = load_pack<VEC>(b + c);
@@ -433,7 +441,7 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(const T* __restrict__ x
 }
 
 template <class T, int VEC, bool RMS>
-__global__ void __launch_bounds__(1024) norm_rows_looped_kernel(const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(512) norm_rows_looped_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                                  const T* __restrict__ b, T* __restrict__ y,
                                                                  gpu_acc_t<T>* __restrict__ mean_out,
                                                                  gpu_acc_t<T>* __restrict__ rstd_out,
@@ -503,6 +511,7 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
   __shared__ sum2<A> smem[32];
   __shared__ A cols[256 * VPT * VEC];  // cross-group sums when a block holds several rows
   CCGRAPH_ROW_PROLOGUE;
+  const int ni = static_cast<int>(n);  // the register path holds rows far below 2^31
   A dw[VPT][VEC], db[VPT][VEC];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
@@ -516,8 +525,8 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
     vpack<T, VEC> xv[VPT], gv[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (valid && c < n) {
+      const int c = (k * tpr + lane) * VEC;
+      if (valid && c < ni) {
         xv[k] = load_pack<VEC>(x + row * n + c);
         gv[k] = load_pack<VEC>(g + row * n + c);
       }
@@ -527,8 +536,8 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
     sum2<A> s{A(0), A(0)};
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (!valid || c >= n) continue;
+      const int c = (k * tpr + lane) * VEC;
+      if (!valid || c >= ni) continue;
       vpack<T, VEC> wv;
       if (w) wv = load_pack<VEC>(w + c);
 #pragma unroll
@@ -548,8 +557,8 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
     const A mdx = s.b * inv_n;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (c >= n) continue;
+      const int c = (k * tpr + lane) * VEC;
+      if (c >= ni) continue;
       vpack<T, VEC> wv, o;
       if (w) wv = load_pack<VEC>(w + c);
 #pragma unroll
@@ -565,13 +574,13 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
   // Each block's column sums: straight from the registers with one row per block, else summed
   // over the block's groups through shared memory first. (A lambda per array, so that both stay
   // in registers: their indices are compile-time constants.)
-  const auto write_part = [&](A* part, const A(&acc)[VPT][VEC]) {
+  const auto write_part = [=](A* part, const A(&acc)[VPT][VEC]) {
     if (!part) return;  // uniform over the block
     if (groups == 1) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-        if (c < n)
+        const int c = (k * tpr + lane) * VEC;
+        if (c < ni)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) part[static_cast<std::int64_t>(blockIdx.x) * n + c + j] = acc[k][j];
       }
@@ -579,8 +588,8 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
     }
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const std::int64_t c = (static_cast<std::int64_t>(k) * tpr + lane) * VEC;
-      if (c < n)
+      const int c = (k * tpr + lane) * VEC;
+      if (c < ni)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) cols[static_cast<std::int64_t>(group) * n + c + j] = acc[k][j];
     }
@@ -598,7 +607,7 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(
 
 /// layer_norm / rms_norm backward, looped path: dx only (two passes over the row).
 template <class T, int VEC, bool RMS>
-__global__ void __launch_bounds__(1024) norm_backward_rows_looped_kernel(
+__global__ void __launch_bounds__(512) norm_backward_rows_looped_kernel(
     const T* __restrict__ g, const T* __restrict__ x, const gpu_acc_t<T>* __restrict__ mean,
     const gpu_acc_t<T>* __restrict__ rstd, const T* __restrict__ w, T* __restrict__ dx, std::int64_t rows,
     std::int64_t n, int tpr_) {
@@ -746,12 +755,12 @@ void softmax_cuda_impl(const tensor<T>& in, std::int64_t dim, const tensor<T>& o
           x.data(), out.data(), e.outer, e.n, e.inner);
       return cd::check_launch("softmax: spatial kernel launch");
     }
-    constexpr int max_elems = 64;
+    constexpr int vpt_cap = 4;  // 8 packs do not fit 64 registers (1024 threads) without spilling
     const cd::row_launch L = cd::pick_row_launch(e.outer, e.n, cd::vec_elems<T>,
-                                                 cd::aligned16(x.data()) && cd::aligned16(out.data()),
-                                                 cd::max_vpt<T>(max_elems), max_elems, 1024);
+                                                 cd::aligned16(x.data()) && cd::aligned16(out.data()), vpt_cap,
+                                                 vpt_cap * cd::vec_elems<T>, 1024);
     if (L.regs) {
-      cd::dispatch_vpt<cd::max_vpt<T>(max_elems)>(L.vpt, [&](auto vpt) {
+      cd::dispatch_vpt<vpt_cap>(L.vpt, [&](auto vpt) {
         cd::softmax_rows_kernel<T, decltype(vpt)::value, Log><<<static_cast<unsigned>(L.blocks), L.threads, 0, stream>>>(
             x.data(), out.data(), e.outer, e.n, L.tpr);
       });
@@ -798,7 +807,7 @@ void softmax_backward_cuda_impl(const tensor<T>& grad, const tensor<T>& y, std::
       return cd::check_launch("softmax_backward: spatial kernel launch");
     }
     const bool aligned = cd::aligned16(g.data()) && cd::aligned16(yc.data()) && cd::aligned16(grad_in.data());
-    constexpr int max_elems = 32;
+    constexpr int max_elems = 16;  // two arrays of packs in registers
     const cd::row_launch L =
         cd::pick_row_launch(e.outer, e.n, cd::vec_elems<T>, aligned, cd::max_vpt<T>(max_elems), max_elems, 1024);
     if (L.regs) {
@@ -853,13 +862,13 @@ void norm_cuda_impl(const tensor<T>& in, const shape_t& normalized_shape, const 
     A* mp = mean ? mean->data() : nullptr;
     A* rp = rstd ? rstd->data() : nullptr;
     const bool aligned = cd::aligned16(x.data()) && cd::aligned16(out.data()) && cd::aligned16(wp) && cd::aligned16(bp);
-    constexpr int max_elems = 64;
-    const cd::row_launch L =
-        cd::pick_row_launch(e.rows, e.cols, cd::vec_elems<T>, aligned, cd::max_vpt<T>(max_elems), max_elems, 1024);
+    constexpr int vpt_cap = 4;  // 8 packs do not fit 64 registers (1024 threads) without spilling
+    const cd::row_launch L = cd::pick_row_launch(e.rows, e.cols, cd::vec_elems<T>, aligned, vpt_cap,
+                                                 vpt_cap * cd::vec_elems<T>, 1024);
     const cudaStream_t stream = cuda::current_stream();
     const auto grid = static_cast<unsigned>(L.blocks);
     if (L.regs) {
-      cd::dispatch_vpt<cd::max_vpt<T>(max_elems)>(L.vpt, [&](auto vpt) {
+      cd::dispatch_vpt<vpt_cap>(L.vpt, [&](auto vpt) {
         cd::norm_rows_kernel<T, decltype(vpt)::value, RMS><<<grid, L.threads, 0, stream>>>(
             x.data(), wp, bp, out.data(), mp, rp, e.rows, e.cols, static_cast<A>(eps), L.tpr);
       });

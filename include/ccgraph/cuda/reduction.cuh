@@ -99,17 +99,26 @@ __device__ __forceinline__ T from_acc(A v) {
     return static_cast<T>(v);
 }
 
-/// __shfl_xor_sync of any trivially copyable value, word by word.
+/// __shfl_xor_sync of any trivially copyable value: directly for the types the intrinsic takes,
+/// else word by word through a union (a memcpy into a local array would live in local memory).
 template <class X>
 __device__ __forceinline__ X shfl_xor_any(const X& v, int lane_mask) {
-  constexpr int words = static_cast<int>((sizeof(X) + 3) / 4);
-  unsigned w[words] = {};
-  memcpy(w, &v, sizeof(X));
+  if constexpr (std::is_same_v<X, float> || std::is_same_v<X, double> || std::is_same_v<X, int> ||
+                std::is_same_v<X, unsigned> || std::is_same_v<X, long long> || std::is_same_v<X, unsigned long long>) {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+  } else if constexpr (std::is_same_v<X, long>) {
+    return static_cast<long>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), lane_mask));
+  } else {
+    constexpr int words = static_cast<int>((sizeof(X) + 3) / 4);
+    union {
+      X x;
+      unsigned w[words];
+    } u{};
+    u.x = v;
 #pragma unroll
-  for (int k = 0; k < words; ++k) w[k] = __shfl_xor_sync(0xffffffffu, w[k], lane_mask);
-  X r;
-  memcpy(&r, w, sizeof(X));
-  return r;
+    for (int k = 0; k < words; ++k) u.w[k] = __shfl_xor_sync(0xffffffffu, u.w[k], lane_mask);
+    return u.x;
+  }
 }
 
 /// All-reduces `v` with `f` over each group of `tpr` consecutive threads (a power of two; a
@@ -280,7 +289,7 @@ __global__ void __launch_bounds__(512) reduce_rows_kernel(const R red, const T* 
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * p.chunk;
   const std::int64_t r1 = r0 + p.chunk < p.red ? r0 + p.chunk : p.red;
   const std::int64_t step = static_cast<std::int64_t>(tpr) * VEC;
-  const auto merge = [&](const Acc& a, const Acc& b) { return red.merge(a, b); };
+  const auto merge = [red](const Acc& a, const Acc& b) { return red.merge(a, b); };  // by value: no local copy of the parameter
   for (std::int64_t qb = static_cast<std::int64_t>(blockIdx.x) * groups; qb < p.outputs;
        qb += static_cast<std::int64_t>(gridDim.x) * groups) {
     const std::int64_t q = qb + group;
