@@ -54,9 +54,17 @@ __device__ __forceinline__ A dev_rsqrt(A v) {
   if constexpr (std::is_same_v<A, double>) return 1.0 / ::sqrt(v); else return ::rsqrtf(v);
 }
 
-/// The larger of two values, NaN propagating (the softmax's row max, as PyTorch's CPU).
+/// The larger of two values, NaN propagating (the softmax's row max, as PyTorch's CPU): one
+/// max.NaN instruction for float from sm_80.
 template <class A>
 __device__ __forceinline__ A max_nan(A a, A b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<A, float>) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+  }
+#endif
   return ::ccgraph::detail::beats<true>(b, a) ? b : a;
 }
 
@@ -191,6 +199,7 @@ __global__ void __launch_bounds__(1024) softmax_rows_kernel(const T* __restrict_
         for (int j = 0; j < VEC; ++j) s += dev_exp(static_cast<A>(to_acc(v[k].v[j])) - m);
     s = group_allreduce(s, tpr, [](A a, A b) { return a + b; }, smem);
     const A ls = Log ? dev_log(s) : A(0);
+    const A inv = A(1) / s;  // one division per row, a multiply per element
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int c = (k * tpr + lane) * VEC;
@@ -199,7 +208,7 @@ __global__ void __launch_bounds__(1024) softmax_rows_kernel(const T* __restrict_
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const A e = static_cast<A>(to_acc(v[k].v[j])) - m;
-        o.v[j] = from_acc<T>(Log ? e - ls : dev_exp(e) / s);
+        o.v[j] = from_acc<T>(Log ? e - ls : dev_exp(e) * inv);
       }
       store_pack<VEC>(y + row * n + c, o);
     }
@@ -228,13 +237,14 @@ __global__ void __launch_bounds__(512) softmax_rows_looped_kernel(const T* __res
     st = group_allreduce(st, tpr, [](const lse_state<A>& a, const lse_state<A>& b) { return lse_merge(a, b); }, smem);
     if (!valid) continue;
     const A ls = dev_log(st.s);
+    const A inv = A(1) / st.s;
     for (std::int64_t c = static_cast<std::int64_t>(lane) * VEC; c < n; c += step) {
       const vpack<T, VEC> v = load_pack<VEC>(xr + c);
       vpack<T, VEC> o;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const A e = static_cast<A>(to_acc(v.v[j])) - st.m;
-        o.v[j] = from_acc<T>(Log ? e - ls : dev_exp(e) / st.s);
+        o.v[j] = from_acc<T>(Log ? e - ls : dev_exp(e) * inv);
       }
       store_pack<VEC>(y + row * n + c, o);
     }
@@ -255,9 +265,10 @@ __global__ void __launch_bounds__(256) softmax_spatial_kernel(const T* __restric
     lse_state<A> st = lse_init<A>();
     for (std::int64_t k = 0; k < n; ++k) lse_add(st, static_cast<A>(to_acc(xr[k * inner])));
     const A ls = dev_log(st.s);
+    const A inv = A(1) / st.s;
     for (std::int64_t k = 0; k < n; ++k) {
       const A e = static_cast<A>(to_acc(xr[k * inner])) - st.m;
-      yr[k * inner] = from_acc<T>(Log ? e - ls : dev_exp(e) / st.s);
+      yr[k * inner] = from_acc<T>(Log ? e - ls : dev_exp(e) * inv);
     }
   }
 }
