@@ -5,8 +5,8 @@
 //
 // Arithmetic: softmax subtracts the row's max before exponentiating (a row holding NaN, or only
 // -inf, gives NaN, as PyTorch); statistics are two-pass (mean, then squared deviations). The
-// 16-bit floats compute in float and round once at the end; the CPU accumulates the norms'
-// statistics in double for f32 / f64.
+// 16-bit floats compute in float and round once at the end; the CPU computes f32 in double (the
+// GPU in float).
 //
 // Saved statistics (what the backward kernels take): layer_norm's mean and rstd, rms_norm's rstd,
 // of shape input.shape[:axis] + [1] * len(normalized_shape) (PyTorch's native_layer_norm) and of
@@ -75,7 +75,7 @@ void softmax_cpu_impl(const tensor<T>& in, std::int64_t dim, const tensor<T>& ou
   check_input(what, "input", in, true);
   check_output(what, "output", out, in.shape(), true);
   if constexpr (is_floating_element_v<T>) {
-    using A = compute_t<T>;
+    using A = cpu_acc_t<T>;  // double for f32: the reference the GPU kernels are tested against
     const int d = normalize_dim(dim, in.shape().size(), what);
     const std::int64_t n = in.shape().empty() ? 1 : in.shape()[static_cast<std::size_t>(d)];
     const std::int64_t is = in.shape().empty() ? 0 : in.strides()[static_cast<std::size_t>(d)];
@@ -125,7 +125,7 @@ void softmax_backward_cpu_impl(const tensor<T>& grad, const tensor<T>& y, std::i
   check_input(what, "output", y, true);
   check_output(what, "grad_input", grad_in, y.shape(), true);
   if constexpr (is_floating_element_v<T>) {
-    using A = compute_t<T>;
+    using A = cpu_acc_t<T>;  // double for f32: the reference the GPU kernels are tested against
     const int d = normalize_dim(dim, y.shape().size(), what);
     const bool scalar = y.shape().empty();
     const auto step = [&](const strides_t& s) { return scalar ? std::int64_t{0} : s[static_cast<std::size_t>(d)]; };
