@@ -703,7 +703,7 @@ TEST_CASE("nccl.counts_and_switches_from_the_environment") {
     CHECK((std::string(var) == "CCGRAPH_OVERLAP_SMS" ? o.overlap_sms : o.gemm_sm_carveout) == 32);
     for (const char* bad : {"32k", "-1", "abc", "2000"}) {
       ::setenv(var, bad, 1);
-      CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{}, doctest::Contains(std::string(var) + "='" + bad + "'"), cg::error);
+      CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{}, doctest::Contains((std::string(var) + "='" + bad + "'").c_str()), cg::error);
     }
     ::unsetenv(var);
     CHECK(cg::cuda::nccl_options{}.overlap_sms == 0);
