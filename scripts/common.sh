@@ -8,7 +8,10 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$CCGRAPH_ROOT}"
 export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export CCGRAPH_ROOT
 
-log() { printf '\n==> %s\n' "$*"; }
+# Each step says when it started, in seconds since the first script began (sub-scripts share
+# the clock): where CI's time goes.
+export CCGRAPH_T0=${CCGRAPH_T0:-$(date +%s)}
+log() { printf '\n==> [%4d s] %s\n' "$(($(date +%s) - CCGRAPH_T0))" "$*"; }
 warn() { printf 'warning: %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 

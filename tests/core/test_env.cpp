@@ -93,3 +93,37 @@ TEST_CASE("env.integer.range_and_form") {
   CHECK(contains(error_of<cg::error>([] { parse_env_integer("X", "", 0, 1, "a bit"); }),
                  "X='' is not a bit"));
 }
+
+TEST_CASE("env.whole_number.never_a_silent_default") {
+  // CCGRAPH_OVERLAP_SMS / CCGRAPH_GEMM_SM_CARVEOUT used strtol and took anything else as 0.
+  const auto parse = [] { return cg::detail::env_integer(var, 0, 0, 1024); };
+  ::unsetenv(var);
+  CHECK(parse() == 0);
+  ::setenv(var, "", 1);
+  CHECK(parse() == 0);
+  ::setenv(var, "32", 1);
+  CHECK(parse() == 32);
+  ::unsetenv(var);
+  for (const char* bad : {"32k", "-1", "1025", " 8", "eight", "1e2"}) {
+    CAPTURE(bad);
+    const std::string m = error_with(bad, parse);
+    CHECK(contains(m, std::string(var) + "='" + bad + "' is not a whole number from 0 to 1024"));
+  }
+}
+
+TEST_CASE("env.flag.is_0_or_1") {
+  // CCGRAPH_NCCL_NONBLOCKING / CCGRAPH_GRAPH_SUMMARY read only the first character: "10" was
+  // on, "yes" and "true" silently off.
+  const auto parse = [] { return cg::detail::env_flag(var, false); };
+  ::unsetenv(var);
+  CHECK_FALSE(parse());
+  ::setenv(var, "1", 1);
+  CHECK(parse());
+  ::setenv(var, "0", 1);
+  CHECK_FALSE(parse());
+  ::unsetenv(var);
+  for (const char* bad : {"10", "yes", "true", "on", " 1"}) {
+    CAPTURE(bad);
+    CHECK(contains(error_with(bad, parse), std::string(var) + "='" + bad + "' is not one of 0, 1"));
+  }
+}

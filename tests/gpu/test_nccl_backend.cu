@@ -693,12 +693,29 @@ GPUS_TEST_CASE("nccl.collective_stream_placement.2_gpus", 2) {
   }
 }
 
+TEST_CASE("nccl.counts_and_switches_from_the_environment") {
+  // No GPU needed: CCGRAPH_OVERLAP_SMS / CCGRAPH_GEMM_SM_CARVEOUT were read with strtol, and
+  // anything else ("32k", "-1", "abc") silently became 0.
+  for (const char* var : {"CCGRAPH_OVERLAP_SMS", "CCGRAPH_GEMM_SM_CARVEOUT"}) {
+    CAPTURE(var);
+    ::setenv(var, "32", 1);
+    const cg::cuda::nccl_options o;
+    CHECK((std::string(var) == "CCGRAPH_OVERLAP_SMS" ? o.overlap_sms : o.gemm_sm_carveout) == 32);
+    for (const char* bad : {"32k", "-1", "abc", "2000"}) {
+      ::setenv(var, bad, 1);
+      CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{}, doctest::Contains((std::string(var) + "='" + bad + "'").c_str()), cg::error);
+    }
+    ::unsetenv(var);
+    CHECK(cg::cuda::nccl_options{}.overlap_sms == 0);
+  }
+}
+
 TEST_CASE("nccl.collective_stream_from_the_environment") {
   // No GPU needed: the option's default reads $CCGRAPH_COLLECTIVE_STREAM.
   ::setenv("CCGRAPH_COLLECTIVE_STREAM", "caller", 1);
   CHECK(cg::cuda::nccl_options{}.placement == cg::cuda::collective_stream::caller);
   ::setenv("CCGRAPH_COLLECTIVE_STREAM", "sideways", 1);
-  CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{}, doctest::Contains("CCGRAPH_COLLECTIVE_STREAM is \"sideways\""),
+  CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{}, doctest::Contains("CCGRAPH_COLLECTIVE_STREAM='sideways' is not one of automatic, separate, caller"),
                        cg::error);
   ::unsetenv("CCGRAPH_COLLECTIVE_STREAM");
   CHECK(cg::cuda::nccl_options{}.placement == cg::cuda::collective_stream::automatic);
@@ -776,7 +793,7 @@ TEST_CASE("nccl.copy_engine_all_reduce_policy") {
   CHECK(cg::cuda::nccl_options{}.copy_engine == ce::off);
   ::setenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE", "sometimes", 1);
   CHECK_THROWS_WITH_AS(cg::cuda::nccl_options{},
-                       doctest::Contains("CCGRAPH_COPY_ENGINE_ALL_REDUCE is \"sometimes\""), cg::error);
+                       doctest::Contains("CCGRAPH_COPY_ENGINE_ALL_REDUCE='sometimes' is not one of overlapped, off, always"), cg::error);
   ::unsetenv("CCGRAPH_COPY_ENGINE_ALL_REDUCE");
   cg::cuda::nccl_options opt;
   CHECK(opt.copy_engine == ce::overlapped);

@@ -63,6 +63,22 @@ inline std::int64_t parse_env_integer(const char* name, std::string_view text, s
   return v;
 }
 
+/// Environment variable `name` as a decimal integer in [lo, hi]; `fallback` when it is unset or
+/// empty. Anything else ("12k", "-1" below lo, " 3") is an error naming the variable.
+inline std::int64_t env_integer(const char* name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) {
+  const auto text = env_text(name);
+  if (!text) return fallback;
+  return parse_env_integer(name, *text, lo, hi, concat("a whole number from ", lo, " to ", hi));
+}
+
+/// Environment variable `name` as a switch: "1" is on, "0" is off, unset or empty is `fallback`;
+/// anything else ("yes", "10", "true") is an error naming the variable.
+inline bool env_flag(const char* name, bool fallback) {
+  const auto text = env_text(name);
+  if (!text) return fallback;
+  return parse_env_choice<bool>(name, *text, {{"0", false}, {"1", true}});
+}
+
 /// Environment variable `name` as a whole number of milliseconds, at least 1 (a number as large
 /// as milliseconds::max(), 9223372036854775807, waits forever); `fallback` when it is unset or
 /// empty. "1e3", "100ms", "abc", "0" and "-5" are errors naming the variable.

@@ -142,16 +142,13 @@ struct nccl_options {
     return ::ccgraph::detail::env_choice(name, choices);
   }
 
-  /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
+  /// $CCGRAPH_GEMM_SM_CARVEOUT if set (a number from 0 to 1024, else an error naming it), else 0.
   static int default_gemm_sm_carveout() { return env_int("CCGRAPH_GEMM_SM_CARVEOUT"); }
 
-  /// The environment variable `name` if set to a number from 0 to 1024, else 0.
+  /// The environment variable `name` as a number from 0 to 1024; 0 when unset or empty; any
+  /// other text is an error naming the variable (never a silent 0).
   static int env_int(const char* name) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) return 0;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return *end == '\0' && n >= 0 && n <= 1024 ? static_cast<int>(n) : 0;
+    return static_cast<int>(::ccgraph::detail::env_integer(name, 0, 0, 1024));
   }
 };
 
@@ -889,10 +886,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   std::uint64_t copy_engine_launched_ = 0;
   std::deque<inflight> inflight_;
   // CCGRAPH_NCCL_NONBLOCKING=1: collectives run on the non-blocking set-up communicators.
-  const bool nonblocking_ = [] {
-    const char* nb = std::getenv("CCGRAPH_NCCL_NONBLOCKING");
-    return nb && *nb == '1';
-  }();
+  const bool nonblocking_ = ::ccgraph::detail::env_flag("CCGRAPH_NCCL_NONBLOCKING", false);
   std::size_t inflight_bytes_ = 0;  // buffers the entries of inflight_ hold
   std::string local_failure_;
   wait_watchdog watchdog_;

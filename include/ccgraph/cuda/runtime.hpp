@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <ccgraph/core/device.hpp>
+#include <ccgraph/core/env.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/cuda/blas.hpp>
 #include <ccgraph/cuda/block_cache.hpp>
@@ -169,6 +170,8 @@ inline void gemm_entry(device dev, dtype dt, std::int64_t m, std::int64_t n, std
 }
 
 inline void capture_begin(device dev) {
+  // A bad CCGRAPH_GRAPH_SUMMARY is an error before anything is recorded, not after.
+  (void)::ccgraph::detail::env_flag("CCGRAPH_GRAPH_SUMMARY", false);
   device_scope scope(dev.index);
   CCGRAPH_CHECK(current_stream() != cudaStreamPerThread && current_stream() != nullptr,
                 "CUDA Graph capture needs the rank's own stream (run it under cuda::run_gpus or "
@@ -189,7 +192,12 @@ inline void* capture_end(device dev, bool keep) {
     return nullptr;
   }
   // CCGRAPH_GRAPH_SUMMARY=1: say what each recording holds (finding what a replay pays for).
-  if (const char* v = std::getenv("CCGRAPH_GRAPH_SUMMARY"); v && *v == '1') {
+  bool summary = false;
+  try {
+    summary = ::ccgraph::detail::env_flag("CCGRAPH_GRAPH_SUMMARY", false);  // checked at capture_begin
+  } catch (...) {
+  }
+  if (summary) {
     try {
       std::fprintf(stderr, "ccgraph: recorded CUDA Graph on %s: %s\n", dev.str().c_str(),
                    ::ccgraph::cuda::graph::summarize(graph).c_str());

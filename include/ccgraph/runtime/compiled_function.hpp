@@ -337,7 +337,11 @@ class compiled_function {
   }
 
   entry& add(std::uint64_t key, std::vector<shape_t> shapes, hosts_type hosts, std::optional<graph_type> traced) {
-    const graph_type g = schedule(traced ? *traced : trace_with(hosts, shapes), opt_.passes, opt_.schedule);
+    // The passes that change collectives agree with the other ranks through this function's
+    // own rank context, whichever thread calls it.
+    schedule_options so = opt_.schedule;
+    if (!so.context) so.context = ctx_;
+    const graph_type g = schedule(traced ? *traced : trace_with(hosts, shapes), opt_.passes, so);
     compiled_type compiled(g, *ctx_, opt_.compile);
     ++compiles_;
     if (cache_.size() >= opt_.max_signatures) cache_.pop_front();
