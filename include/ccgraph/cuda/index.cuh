@@ -67,19 +67,19 @@ inline void index_check_launch(const char* what, const char* file, int line) {
 // ---- index_select / embedding: rows by index -----------------------------------------------
 
 /// out[o][j][:] = in[o][index[j]][:] for `outer` blocks of `size` rows of `inner` units U (a
-/// unit is 1 to 16 bytes: rows are plain bytes to this kernel).
-template <class U, class I>
+/// unit is 1 to 16 bytes: rows are plain bytes to this kernel). N is the type the index
+/// arithmetic runs in: 32-bit division is several times cheaper than 64-bit.
+template <class U, class I, class N>
 __global__ void __launch_bounds__(index_block_threads)
-    index_rows_kernel(const U* __restrict__ in, const I* __restrict__ index, U* __restrict__ out, long long outer,
-                      long long size, long long n, long long inner, const char* what) {
-  const long long total = outer * n * inner;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long k = i % inner, rest = i / inner;
-    const long long j = rest % n, o = rest / n;
+    index_rows_kernel(const U* __restrict__ in, const I* __restrict__ index, U* __restrict__ out, N outer, N size,
+                      N n, N inner, const char* what) {
+  const N total = outer * n * inner;
+  for (N i = static_cast<N>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += static_cast<N>(gridDim.x) * blockDim.x) {
+    const N k = i % inner, rest = i / inner;
+    const N j = rest % n, o = rest / n;
     const long long r = static_cast<long long>(index[j]);
-    if (r < 0 || r >= size) index_out_of_range(what, r, size);
-    out[i] = in[(o * size + r) * inner + k];
+    if (r < 0 || r >= static_cast<long long>(size)) index_out_of_range(what, r, static_cast<long long>(size));
+    out[i] = in[(static_cast<long long>(o) * static_cast<long long>(size) + r) * static_cast<long long>(inner) + k];
   }
 }
 
@@ -98,14 +98,18 @@ struct index_layout {
   long long dim_size = 0;    ///< a's size along dim (the bound of the index values)
 };
 
-__device__ __forceinline__ void index_offsets(const index_layout& p, long long i, long long& oi, long long& oa,
-                                              long long& ob) {
+/// The offsets of element `i` of the index's shape in the index and operands a and b; N is the
+/// type the divisions run in (32-bit where the shape allows: several times cheaper).
+template <class N>
+__device__ __forceinline__ void index_offsets(const index_layout& p, N i, long long& oi, long long& oa, long long& ob) {
   oi = oa = ob = 0;
 #pragma unroll
   for (int d = 0; d < ::ccgraph::detail::max_device_dims; ++d) {
     if (d >= p.ndim) break;
-    const long long c = i % p.shape[d];
-    i /= p.shape[d];
+    const N size = static_cast<N>(p.shape[d]);
+    const N q = i / size;
+    const long long c = static_cast<long long>(i - q * size);
+    i = q;
     oi += c * p.st_index[d];
     oa += c * p.st_a[d];
     ob += c * p.st_b[d];
@@ -113,14 +117,14 @@ __device__ __forceinline__ void index_offsets(const index_layout& p, long long i
 }
 
 /// gather: out (b, contiguous) [i] = input (a) [at index along dim].
-template <class T>
+template <class T, class N>
 __global__ void __launch_bounds__(index_block_threads)
     gather_kernel(const T* __restrict__ in, const long long* __restrict__ index, T* __restrict__ out,
                   const index_layout p) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  for (N i = static_cast<N>(blockIdx.x) * blockDim.x + threadIdx.x; i < static_cast<N>(p.numel);
+       i += static_cast<N>(gridDim.x) * blockDim.x) {
     long long oi, oa, ob;
-    index_offsets(p, i, oi, oa, ob);
+    index_offsets<N>(p, i, oi, oa, ob);
     const long long r = index[oi];
     if (r < 0 || r >= p.dim_size) index_out_of_range("gather", r, p.dim_size);
     out[ob] = in[oa + r * p.dim_stride];
@@ -137,13 +141,13 @@ __device__ __forceinline__ void index_atomic_add(A* p, A v) {
 }
 
 /// scatter_add: acc (a) [at index along dim] += src (b) [i], atomically.
-template <class A, class T>
+template <class A, class T, class N>
 __global__ void __launch_bounds__(index_block_threads)
     scatter_add_kernel(A* acc, const long long* __restrict__ index, const T* __restrict__ src, const index_layout p) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  for (N i = static_cast<N>(blockIdx.x) * blockDim.x + threadIdx.x; i < static_cast<N>(p.numel);
+       i += static_cast<N>(gridDim.x) * blockDim.x) {
     long long oi, oa, ob;
-    index_offsets(p, i, oi, oa, ob);
+    index_offsets<N>(p, i, oi, oa, ob);
     const long long r = index[oi];
     if (r < 0 || r >= p.dim_size) index_out_of_range("scatter_add", r, p.dim_size);
     index_atomic_add(acc + oa + r * p.dim_stride, device_load<A>(src + ob));
@@ -227,10 +231,19 @@ void index_rows_cuda(const T* in, const I* index, T* out, std::int64_t outer, st
   const cudaStream_t stream = ::ccgraph::cuda::current_stream();
   const std::int64_t units = row_bytes / unit;
   const unsigned blocks = cd::index_grid(outer * n * units);
+  // 32-bit index arithmetic when every index fits (with room for the grid-stride step).
+  const bool narrow = outer * n * units < (std::int64_t{1} << 31) && size < (std::int64_t{1} << 31);
   auto run = [&](auto* u) {
     using U = std::remove_pointer_t<decltype(u)>;
-    cd::index_rows_kernel<U, I><<<blocks, cd::index_block_threads, 0, stream>>>(
-        reinterpret_cast<const U*>(in), index, reinterpret_cast<U*>(out), outer, size, n, units, what);
+    if (narrow)
+      cd::index_rows_kernel<U, I, unsigned><<<blocks, cd::index_block_threads, 0, stream>>>(
+          reinterpret_cast<const U*>(in), index, reinterpret_cast<U*>(out), static_cast<unsigned>(outer),
+          static_cast<unsigned>(size), static_cast<unsigned>(n), static_cast<unsigned>(units), what);
+    else
+      cd::index_rows_kernel<U, I, unsigned long long><<<blocks, cd::index_block_threads, 0, stream>>>(
+          reinterpret_cast<const U*>(in), index, reinterpret_cast<U*>(out), static_cast<unsigned long long>(outer),
+          static_cast<unsigned long long>(size), static_cast<unsigned long long>(n),
+          static_cast<unsigned long long>(units), what);
   };
   switch (unit) {
     case 16: run(static_cast<uint4*>(nullptr)); break;
@@ -368,8 +381,12 @@ void gather_cuda(const tensor<T>& input, std::int64_t dim, const tensor<std::int
   const tensor<T> o = nonempty_view(out);
   const cd::index_layout p = index_layout_of(ix.shape(), ix.strides(), in.shape(), in.strides(), o.strides(), d, "gather");
   const cudaStream_t stream = ::ccgraph::cuda::current_stream();
-  cd::gather_kernel<T><<<cd::index_grid(p.numel), cd::index_block_threads, 0, stream>>>(
-      in.data(), reinterpret_cast<const long long*>(ix.data()), o.data(), p);
+  if (p.numel < (std::int64_t{1} << 31))
+    cd::gather_kernel<T, unsigned><<<cd::index_grid(p.numel), cd::index_block_threads, 0, stream>>>(
+        in.data(), reinterpret_cast<const long long*>(ix.data()), o.data(), p);
+  else
+    cd::gather_kernel<T, unsigned long long><<<cd::index_grid(p.numel), cd::index_block_threads, 0, stream>>>(
+        in.data(), reinterpret_cast<const long long*>(ix.data()), o.data(), p);
   cd::index_check_launch("gather: kernel launch", __FILE__, __LINE__);
 }
 
@@ -410,8 +427,12 @@ void scatter_add_cuda(const tensor<T>& self, std::int64_t dim, const tensor<std:
   const tensor<T> sr = nonempty_view(src);
   const cd::index_layout p = index_layout_of(ix.shape(), ix.strides(), o.shape(), o.strides(), sr.strides(), d, "scatter_add");
   if (p.numel > 0) {
-    cd::scatter_add_kernel<A, T><<<cd::index_grid(p.numel), cd::index_block_threads, 0, stream>>>(
-        acc, reinterpret_cast<const long long*>(ix.data()), sr.data(), p);
+    if (p.numel < (std::int64_t{1} << 31))
+      cd::scatter_add_kernel<A, T, unsigned><<<cd::index_grid(p.numel), cd::index_block_threads, 0, stream>>>(
+          acc, reinterpret_cast<const long long*>(ix.data()), sr.data(), p);
+    else
+      cd::scatter_add_kernel<A, T, unsigned long long><<<cd::index_grid(p.numel), cd::index_block_threads, 0, stream>>>(
+          acc, reinterpret_cast<const long long*>(ix.data()), sr.data(), p);
     cd::index_check_launch("scatter_add: kernel launch", __FILE__, __LINE__);
   }
   if constexpr (!(std::is_same_v<A, T> || sizeof(A) == sizeof(T))) {
