@@ -152,6 +152,30 @@ GPU_TEST_CASE("sdpa.cuda.simt.every_dtype") {
   run_forward<cg::bf16>(flash_cases[3], sdpa_cuda_kernel::simt);
 }
 
+GPU_TEST_CASE("sdpa.cuda.automatic_runs_a_fused_kernel_on_large_batches") {
+  // The automatic choice takes 128-row blocks once they fill two waves of the SMs (L = 2048:
+  // 32 heads x 16 row blocks, more than twice an H100's 132 SMs) and 64-row ones below (L =
+  // 64 on an H100): the result is that fused kernel's (each checked against the CPU above) bit
+  // for bit, and the two kernels agree within a rounding of bf16.
+  for (const i64 L : {2048, 64}) {
+    CAPTURE(L);
+    const i64 B = 2, H = 16, E = 64;
+    auto q = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 31), k = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 32),
+         v = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 33);
+    auto run = [&](sdpa_cuda_kernel which) {
+      auto out = device_poisoned<cg::bf16>({B, H, L, E});
+      cg::detail::sdpa_cuda_with<cg::bf16>(which, q, k, v, std::nullopt, {true, std::nullopt, 0.0}, out);
+      return out.cpu();
+    };
+    const auto automatic = run(sdpa_cuda_kernel::automatic);
+    const bool eight = B * H * ((L + 127) / 128) >= 2ll * cg::cuda::detail::pointwise_sm_count();
+    const auto expected = run(eight ? sdpa_cuda_kernel::flash8 : sdpa_cuda_kernel::flash4);
+    check_bitwise(automatic, expected, "automatic vs the kernel it should pick");
+    check_close(run(sdpa_cuda_kernel::flash8), run(sdpa_cuda_kernel::flash4), fwd_tol<cg::bf16>(),
+                fwd_tol<cg::bf16>(), "flash8 vs flash4");
+  }
+}
+
 GPU_TEST_CASE("sdpa.cuda.rank3_and_rank5") {
   // Batch dims other than [B, H]: none beyond the sequence, and three (an outer loop).
   auto q = cg::uniform<cg::bf16>({3, 40, 64}, -1, 1, 1), k = cg::uniform<cg::bf16>({3, 50, 64}, -1, 1, 2),

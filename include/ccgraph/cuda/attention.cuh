@@ -1074,7 +1074,8 @@ void attn_visit_mask(bool has_mask, bool causal, F&& f) {
 
 namespace ccgraph::detail {
 
-/// Which forward kernel sdpa_cuda runs: the automatic choice, or one forced (tests, benchmarks).
+/// Which kernel sdpa_cuda runs: the automatic choice, or one forced (tests, benchmarks): the fused
+/// tensor-core kernel with 64-row (4 warps) or 128-row (8 warps) blocks, or the SIMT one.
 enum class sdpa_cuda_kernel { automatic, flash4, flash8, simt };
 
 /// The pieces of one attention launch set: operand tensors' batch layouts split into the outer
@@ -1216,7 +1217,13 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
             CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
             kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::smem_bytes, stream>>>(la);
           };
-          const bool eight = which == sdpa_cuda_kernel::flash8;
+          // 128-row blocks (8 warps) read each K/V tile for twice the rows: half the shared-memory
+          // traffic per FLOP, at the same occupancy (register-bound either way); 64-row blocks
+          // where 128-row ones would not fill two waves of the SMs.
+          const bool eight =
+              which == sdpa_cuda_kernel::flash8 ||
+              (which == sdpa_cuda_kernel::automatic &&
+               static_cast<long long>(la.BH) * ((la.L + 127) / 128) >= 2ll * cd::pointwise_sm_count());
           if (la.E == 64) {
             if (eight) run(std::integral_constant<int, 64>{}, std::integral_constant<int, 8>{});
             else run(std::integral_constant<int, 64>{}, std::integral_constant<int, 4>{});
