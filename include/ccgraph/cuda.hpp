@@ -25,6 +25,9 @@
 #include <ccgraph/cuda/element.cuh>
 #include <ccgraph/cuda/index.cuh>
 #include <ccgraph/cuda/linear.cuh>
+#include <ccgraph/cuda/loss.cuh>
+#include <ccgraph/cuda/normalization.cuh>
 #include <ccgraph/cuda/peer_reduce.cuh>
 #include <ccgraph/cuda/pointwise.cuh>
+#include <ccgraph/cuda/reduction.cuh>
 #endif

@@ -13,7 +13,7 @@ namespace ccgraph {
 /// fair coin), reproducible from `seed`.
 template <element T>
 tensor<T> uniform(shape_t shape, double lo = -1.0, double hi = 1.0, std::uint64_t seed = 0) {
-  auto t = tensor<T>::empty(std::move(shape), device::cpu());  // drawn on the host, then moved
+  auto t = tensor<T>::empty(std::move(shape), device::cpu(), "uniform");  // drawn on the host, then moved
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> dist(lo, hi);
   T* d = t.data_unsynced();
