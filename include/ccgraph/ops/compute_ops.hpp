@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -27,6 +28,15 @@ namespace detail {
 /// expression's type, so it is the same one-loop code eager evaluation runs.
 struct pointwise_kernel {
   virtual ~pointwise_kernel() = default;
+  /// The element type of the result (comparisons: bool); none: the first input's.
+  virtual std::optional<dtype> result_dtype() const { return std::nullopt; }
+  /// The element type each input must have (an expression may mix them: where reads a bool
+  /// condition); empty: every input has the result's.
+  virtual std::vector<dtype> input_dtypes() const { return {}; }
+  /// True when each run draws new random numbers (dropout): results differ from run to run, so
+  /// a run cannot be recorded once and replayed (CUDA Graphs) or split into pieces that draw
+  /// apart (decompose).
+  virtual bool draws_random() const { return false; }
   /// Evaluates into a new tensor.
   virtual any_tensor run(const std::vector<any_tensor>& inputs) const = 0;
   /// Evaluates into `out` (the node's dtype and shape; an executor's planned buffer, which

@@ -167,6 +167,14 @@ class executor {
                   ctx.rank(), " runs on ", ctx.device());
     lint(g_);
     const auto& nodes = g_.nodes();
+    if (opt.cuda_graph) {
+      // A recorded CUDA Graph replays its kernels' arguments: a dropout would repeat its mask.
+      for (const node* n : nodes)
+        if (const auto* pw = std::get_if<ops::pointwise>(&n->kind()); pw && pw->kernel && pw->kernel->draws_random())
+          CCGRAPH_THROW(error, "compile: node %", n->name(), " (", pw->fused,
+                        ") draws random numbers, which a CUDA Graph replay would repeat on every call; "
+                        "compile this graph without cuda_graph");
+    }
     last_use_.assign(nodes.size(), 0);
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;

@@ -89,6 +89,9 @@ class symbolic {
   symbolic contiguous() const { return view_op<ops::contiguous>("contiguous"); }
   /// repeat.
   symbolic repeat(const std::vector<std::int64_t>& times) const { return view_op<ops::repeat>("repeat", times); }
+  /// This value converted to element type U: a pointwise node (tensor::to<U>()'s conversion).
+  template <class U>
+  symbolic<U> to() const;  // defined in trace/ops.hpp
 
  private:
   /// Records op Op{args...} on this value. The op is built as a named variable: nvcc's front
