@@ -110,11 +110,13 @@ TEST_CASE("pointwise_ops.unary.special_values") {
   CHECK(r[4] == -2.f);
   CHECK(std::isnan(r[6]));
   CHECK(r[7] == inf);
+  // torch.sign is (x > 0) - (x < 0): 0 for NaN, +0 for -0.
   const auto s = cg::sign(a).to_vector();
   CHECK(s[0] == 1.f);
   CHECK(s[3] == -1.f);
   CHECK(s[5] == 0.f);
-  CHECK(std::isnan(s[6]));  // NaN stays NaN
+  CHECK(!std::signbit(s[5]));
+  CHECK(s[6] == 0.f);
   CHECK(s[7] == 1.f);
   const auto f = cg::floor(a).to_vector();
   CHECK(f[3] == -1.f);
@@ -205,6 +207,16 @@ TEST_CASE("pointwise_ops.pow.forms_and_integer_semantics") {
   CHECK(cg::pow(x, 2).to_vector() == std::vector<float>{4.f, 0.25f, 9.f});
   CHECK(cg::pow(2.f, x).to_vector() == std::vector<float>{0.25f, std::pow(2.f, 0.5f), 8.f});
   CHECK(std::isnan(cg::pow(x, 0.5f).to_vector()[0]));  // a negative base to a fractional power
+  // Exponents 0.5 and -0.5 are sqrt and rsqrt, as torch.pow's special cases: -0 and -inf differ
+  // from std::pow's.
+  auto edge = cg::tensor<float>::from({-0.f, -INFINITY, 4.f}, {3});
+  const auto sq = cg::pow(edge, 0.5).to_vector(), rs = cg::pow(edge, -0.5).to_vector();
+  CHECK((sq[0] == 0.f && std::signbit(sq[0])));
+  CHECK(std::isnan(sq[1]));
+  CHECK(sq[2] == 2.f);
+  CHECK(rs[0] == -INFINITY);
+  CHECK(std::isnan(rs[1]));
+  CHECK(rs[2] == 0.5f);
   CHECK(cg::pow(x, x).to_vector()[2] == 27.f);
   // Integers: exact, repeated squaring; negative exponents as PyTorch's powi.
   auto base = cg::tensor<i64>::from({2, -2, 1, -1, -1, 3, 0}, {7});

@@ -259,14 +259,14 @@ struct erf : ::ccgraph::detail::pointwise_tag<erf, 1, true> {
   static constexpr std::string_view name = "erf";
   template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) { return std::erf(a); }
 };
-/// -1, 0 or 1 by the sign of a (0 keeps its sign bit; NaN stays NaN).
+/// (a > 0) - (a < 0), as torch.sign computes it: -1, 0 or 1, and 0 for NaN and for -0.
 struct sign : ::ccgraph::detail::pointwise_tag<sign, 1> {
   static constexpr std::string_view name = "sign";
   template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) {
     if constexpr (std::is_same_v<C, bool> || std::is_unsigned_v<C>)
       return a > C(0) ? C(1) : C(0);
     else
-      return a > C(0) ? C(1) : a < C(0) ? C(-1) : a;
+      return a > C(0) ? C(1) : a < C(0) ? C(-1) : C(0);
   }
 };
 /// Largest whole number <= a (integers: a).
@@ -323,13 +323,20 @@ struct minimum : ::ccgraph::detail::pointwise_tag<minimum, 2> {
     return b < a ? b : a;
   }
 };
-/// a to the power b: std::pow for floating types; for integers PyTorch's integer power (exact,
-/// wrapping; a negative exponent gives 0 but for bases 1 and -1).
+/// a to the power b: std::pow for floating types, but an exponent of 0.5 or -0.5 is sqrt(a) or
+/// 1 / sqrt(a), as torch.pow special-cases them (so pow(-0, 0.5) = -0, pow(-inf, 0.5) = NaN);
+/// for integers PyTorch's integer power (exact, wrapping; a negative exponent gives 0 but for
+/// bases 1 and -1).
 struct pow : ::ccgraph::detail::pointwise_tag<pow, 2> {
   static constexpr std::string_view name = "pow";
   template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C b) {
-    if constexpr (std::is_floating_point_v<C>) return std::pow(a, b);
-    else return ::ccgraph::detail::int_pow(a, b);
+    if constexpr (std::is_floating_point_v<C>) {
+      if (b == C(0.5)) return std::sqrt(a);
+      if (b == C(-0.5)) return C(1) / std::sqrt(a);
+      return std::pow(a, b);
+    } else {
+      return ::ccgraph::detail::int_pow(a, b);
+    }
   }
 };
 /// min(max(a, lo), hi) (torch.clamp): NaN in any operand gives NaN; lo > hi gives hi.

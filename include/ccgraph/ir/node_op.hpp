@@ -80,19 +80,13 @@ inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tenso
           CCGRAPH_CHECK(!in.empty(), "pointwise: needs at least one tensor input");
           // The recorded expression knows its element types (it may mix them: comparisons,
           // where); without one, every input and the result share one.
-          const std::vector<dtype> want = o.kernel ? o.kernel->input_dtypes() : std::vector<dtype>{};
-          if (want.empty()) {
+          if (o.kernel)
+            o.kernel->check_inputs(in, o.fused);
+          else
             ops::detail::expect_same_dtype("pointwise", in);
-          } else {
-            CCGRAPH_CHECK(want.size() == in.size(), o.fused, ": expects ", want.size(), " input(s), got ", in.size());
-            for (std::size_t k = 0; k < in.size(); ++k)
-              CCGRAPH_CHECK(in[k].dtype == want[k], o.fused, ": input ", k, " is ", in[k].str(),
-                            " but the expression reads ", want[k]);
-          }
           shape_t s = in[0].shape;
           for (auto& m : in) s = broadcast_shapes(s, m.shape, o.fused.c_str());
-          const std::optional<dtype> result = o.kernel ? o.kernel->result_dtype() : std::nullopt;
-          return {{result.value_or(in[0].dtype), s}};
+          return {{o.kernel ? o.kernel->result_dtype(in[0].dtype) : in[0].dtype, s}};
         } else {
           return ops::infer_compute(o, in);
         }

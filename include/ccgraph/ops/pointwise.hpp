@@ -15,6 +15,8 @@
 // operand, convert inside the loop.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -28,6 +30,10 @@
 #include <ccgraph/tensor/tensor.hpp>
 
 namespace ccgraph {
+
+// The operators live in ccgraph::pointwise_operators, which argument-dependent lookup reaches
+// through the operand_tag base of tensors, expressions and symbolic values (expr/fwd.hpp).
+namespace pointwise_operators {
 
 // The four arithmetic operators. Each gets its own static_assert so that the message names it.
 #define CCGRAPH_DEFINE_POINTWISE_OPERATOR(sym, tag)                                                \
@@ -57,6 +63,8 @@ template <pointwise_operand X>
 auto operator-(X&& x) {
   return detail::make_expr<ops::neg>(std::forward<X>(x));
 }
+
+}  // namespace pointwise_operators
 
 // The named unary functions. Ops marked floating_only (gelu, sin, ...) refuse integer tensors
 // at compile time instead of silently truncating their results.
@@ -97,7 +105,7 @@ CCGRAPH_DEFINE_POINTWISE_FUNCTION(sqrt)
 CCGRAPH_DEFINE_POINTWISE_FUNCTION(rsqrt)
 /// The error function of x, lazily.
 CCGRAPH_DEFINE_POINTWISE_FUNCTION(erf)
-/// -1, 0 or 1 by the sign of x, lazily (NaN stays NaN).
+/// -1, 0 or 1 by the sign of x, lazily (0 for NaN, as torch.sign).
 CCGRAPH_DEFINE_POINTWISE_FUNCTION(sign)
 /// x rounded down, lazily (integers unchanged).
 CCGRAPH_DEFINE_POINTWISE_FUNCTION(floor)
@@ -165,6 +173,8 @@ CCGRAPH_DEFINE_POINTWISE_BINARY_FUNCTION(gt)
 CCGRAPH_DEFINE_POINTWISE_BINARY_FUNCTION(ge)
 #undef CCGRAPH_DEFINE_POINTWISE_BINARY_FUNCTION
 
+namespace pointwise_operators {
+
 #define CCGRAPH_DEFINE_POINTWISE_COMPARISON(sym, tag)                                              \
   template <class L, class R>                                                                      \
     requires pointwise_operand_pair<L, R>                                                          \
@@ -185,6 +195,8 @@ CCGRAPH_DEFINE_POINTWISE_COMPARISON(>, gt)
 /// a >= b, lazily: a bool expression.
 CCGRAPH_DEFINE_POINTWISE_COMPARISON(>=, ge)
 #undef CCGRAPH_DEFINE_POINTWISE_COMPARISON
+
+}  // namespace pointwise_operators
 
 /// a to the power b, lazily (torch.pow): tensor^scalar, scalar^tensor or tensor^tensor of one
 /// element type. Integer types raise exactly (wrapping on overflow); an integer tensor to a
@@ -297,21 +309,6 @@ auto cast(X&& x) {
 
 namespace detail {
 
-/// dropout's mask and scale for probability p (PyTorch's semantics: p = 0 or eval mode keep
-/// everything at scale 1, p = 1 drops everything: x * 0), and whether the mask draws.
-inline keep_dist dropout_mask(double p, bool training, const char* what) {
-  CCGRAPH_CHECK(p >= 0 && p <= 1, what, ": dropout probability has to be between 0 and 1, but got ", p);
-  keep_dist d;
-  if (!training || p == 0)
-    d.threshold = std::uint64_t{1} << 32;
-  else if (p == 1)
-    d.threshold = 0;
-  else
-    d.threshold = std::min<std::uint64_t>(std::uint64_t{1} << 32,
-                                          static_cast<std::uint64_t>(std::floor((1.0 - p) * 4294967296.0)));
-  return d;
-}
-
 template <class X>
 auto dropout_expr(X&& x, double p, const generator* gen, bool training) {
   using T = value_type_t<X>;
@@ -319,8 +316,19 @@ auto dropout_expr(X&& x, double p, const generator* gen, bool training) {
   static_assert(floating, "ccgraph::dropout: needs a floating-point tensor (f32, f64, bf16, f16)");
   if constexpr (floating) {
     using C = compute_t<T>;
-    const keep_dist d = dropout_mask(p, training, "dropout");
-    const C scale = !training || p == 0 ? C(1) : p == 1 ? C(0) : static_cast<C>(1.0 / (1.0 - p));
+    // PyTorch's semantics: p = 0 or eval mode keep everything at scale 1 (and draw nothing),
+    // p = 1 drops everything (x * 0); else keep with probability threshold / 2^32 ~ 1 - p.
+    CCGRAPH_CHECK(p >= 0 && p <= 1, "dropout: dropout probability has to be between 0 and 1, but got ", p);
+    keep_dist d;
+    C scale = C(1);
+    if (training && p == 1) {
+      d.threshold = 0;
+      scale = C(0);
+    } else if (training && p > 0) {
+      d.threshold = std::min<std::uint64_t>(std::uint64_t{1} << 32,
+                                            static_cast<std::uint64_t>(std::floor((1.0 - p) * 4294967296.0)));
+      scale = static_cast<C>(1.0 / (1.0 - p));
+    }
     random_leaf<keep_dist> leaf{d, x.shape(), {}, std::nullopt, next_random_id()};
     if (gen) leaf.gen = *gen;
     if constexpr (!is_traced_v<X>) {

@@ -10,11 +10,11 @@
 // The same seed, stream and offset give the same bits on the CPU and on a GPU.
 //
 // Ranks. Each thread has its own default generator (a rank is a thread on the threads and nccl
-// backends, a process with one thread under init_from_env), seeded with the same constant as
-// PyTorch's, so without manual_seed every rank draws the same numbers, as in PyTorch. A rank
-// that calls `cg::manual_seed(s)` with the same s as the others keeps drawing what they draw;
-// `cg::manual_seed(s, ctx.rank())` gives each rank its own Philox stream (counter words 2-3),
-// statistically independent of the others' and still reproducible from s.
+// backends, a process with one thread under init_from_env), seeded with one fixed constant
+// (c10's default_rng_seed_val), so without manual_seed every rank draws the same numbers. Ranks
+// that call `cg::manual_seed(s)` with the same s (as torch.manual_seed(s) on every rank) keep
+// drawing the same numbers; `cg::manual_seed(s, ctx.rank())` gives each rank its own Philox
+// stream (counter words 2-3), statistically independent of the others' and reproducible from s.
 #pragma once
 
 #include <cmath>
@@ -36,8 +36,7 @@ namespace ccgraph {
 /// through one state are serialised.
 class generator {
  public:
-  /// PyTorch's default seed (c10::default_rng_seed_val): what every thread's default generator
-  /// starts from.
+  /// c10's default_rng_seed_val: what every thread's default generator starts from.
   static constexpr std::uint64_t default_seed = 67280421310721ull;
 
   /// What a generator's state is: restore it with set_state to draw the same values again.

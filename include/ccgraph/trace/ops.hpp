@@ -84,20 +84,23 @@ struct random_source_of final : random_source {
   std::uint64_t counters() const override { return counters_for<Dist>(numel_of(shape)); }
 };
 
-/// How a random operand reads in a recorded expression's text.
-inline std::string random_text(const keep_dist& d) {
-  return "bernoulli(" + scalar_text(static_cast<float>(static_cast<double>(d.threshold) / 4294967296.0)) + ")";
-}
+/// How a random operand reads in a recorded expression's text: "bernoulli(0.9)" for a mask.
 template <class Dist>
-std::string random_text(const Dist&) {
-  return "random";
+std::string random_text(const Dist& d) {
+  if constexpr (std::is_same_v<Dist, keep_dist>)
+    return "bernoulli(" + scalar_text(static_cast<float>(static_cast<double>(d.threshold) / 4294967296.0)) + ")";
+  else
+    return "random";
 }
 
 /// A traced pointwise expression as a small program over blocks of elements: instruction k
 /// writes register k (of its own element type) from earlier registers, a graph input, a scalar
 /// or a random operand. Each op instruction calls its tag's `apply` (the op's one definition)
 /// over a whole block, so the interpreter dispatches once per op per block, not per element.
-struct pointwise_program {
+/// (A template only so that its members, which visit every element type, are compiled where a
+/// trace uses them rather than in every translation unit that includes this header.)
+template <class = void>
+struct basic_pointwise_program {
   static constexpr std::int64_t block = 512;
   using op_fn = void (*)(void* out, const void* const* args, std::int64_t n);
   using fill_fn = void (*)(void* out, const void* value, std::int64_t n);
@@ -240,6 +243,8 @@ struct pointwise_program {
 /// "fused_relu_mul"). Random operands are numbered by their place in the expression's type
 /// (what its kernel tree indexes them by): `random_site[r]` is operand r's source in the
 /// program (-1 when a memoised node computes it) and `random_shape[r]` its shape.
+using pointwise_program = basic_pointwise_program<>;
+
 struct recorded_expr {
   pointwise_program program;
   std::vector<value_ref> inputs;
@@ -630,18 +635,26 @@ struct traced_pointwise_kernel final : pointwise_kernel {
     if (!o.device().is_cpu()) return run_device(inputs, o, draws);
     program.run_into(inputs, out, draws);
   }
-  std::optional<dtype> result_dtype() const override { return dtype_v<T>; }
-  std::vector<dtype> input_dtypes() const override { return in_types; }
+  dtype result_dtype(dtype) const override { return dtype_v<T>; }
+  void check_inputs(const std::vector<tensor_meta>& in, std::string_view what) const override {
+    CCGRAPH_CHECK(in.size() == in_types.size(), what, ": expects ", in_types.size(), " input(s), got ", in.size());
+    for (std::size_t k = 0; k < in.size(); ++k)
+      CCGRAPH_CHECK(in[k].dtype == in_types[k], what, ": input ", k, " is ", in[k].str(), " but the expression reads ",
+                    in_types[k]);
+  }
   bool draws_random() const override { return program.draws_random(); }
 
  private:
-  void run_device(const std::vector<any_tensor>& ins, const tensor<T>& out, const std::vector<philox_stream>& draws) const {
+  void run_device(const std::vector<any_tensor>& ins, const tensor<T>& out,
+                  [[maybe_unused]] const std::vector<philox_stream>& draws) const {
     CCGRAPH_CHECK(ins.size() <= M, "pointwise: ", ins.size(), " inputs for an expression of ", M, " operands");
     traced_kernel<T, Tree, M> k{{}, tree};
-    std::vector<philox_stream> by_leaf(NR);
-    for (std::size_t r = 0; r < NR; ++r)
-      if (random_site[r] >= 0) by_leaf[r] = draws.at(static_cast<std::size_t>(random_site[r]));
-    bind_draws(k.t, by_leaf);
+    if constexpr (NR > 0) {
+      std::vector<philox_stream> by_leaf(NR);
+      for (std::size_t r = 0; r < NR; ++r)
+        if (random_site[r] >= 0) by_leaf[r] = draws.at(static_cast<std::size_t>(random_site[r]));
+      bind_draws(k.t, by_leaf);
+    }
     std::array<strides_t, M + 1 + NR> strides;
     strides[0] = out.strides();
     for (std::size_t j = 0; j < M; ++j) {
@@ -657,9 +670,11 @@ struct traced_pointwise_kernel final : pointwise_kernel {
         k.p[j] = nullptr;
       }
     }
-    for (std::size_t r = 0; r < NR; ++r)
-      strides[M + 1 + r] = random_site[r] >= 0 ? broadcast_contiguous_strides(random_shape[r], out.shape())
-                                               : strides_t(out.shape().size(), 0);
+    if constexpr (NR > 0) {
+      for (std::size_t r = 0; r < NR; ++r)
+        strides[M + 1 + r] = random_site[r] >= 0 ? broadcast_contiguous_strides(random_shape[r], out.shape())
+                                                 : strides_t(out.shape().size(), 0);
+    }
     launch_device_pointwise("pointwise", out.device(), k, out.data(), out.shape(), strides);
   }
 };

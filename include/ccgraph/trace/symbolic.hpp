@@ -21,7 +21,7 @@ namespace ccgraph {
 /// result of a collective is waited (a wait_tensor node follows the collective), but remembers
 /// the collective's own output so that returning it unused returns it un-waited.
 template <class T>
-class symbolic {
+class symbolic : public pointwise_operators::operand_tag {  // finds the pointwise operators
   static_assert(is_element_v<T>, "symbolic<T>: T must be a tensor element type");
 
  public:
