@@ -7,14 +7,24 @@
 //   round trip   - wall time per op when each op is waited before the next (issue -> result).
 // Medians over repeats, rank 0's view. Wall times include the peer threads' scheduling, which
 // on a machine with fewer cores than 2 x world threads dominates the round trip.
+//
+// A second table scales the world: one world all_reduce of 4 floats per rank at 256 to 4096
+// ranks (2 threads each): the whole run_threads call, the same call with an empty function
+// (thread start and join alone), the slowest rank's all_reduce from issue to result, and the
+// process's peak resident memory so far. `bench_eager scale` prints only this table.
 #include <ccgraph/ccgraph.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 namespace cg = ccgraph;
 using clock_type = std::chrono::steady_clock;
@@ -64,9 +74,42 @@ row measure(const std::string& name, int world, const launch_fn& launch) {
   return {name, world, median(issue), median(pipelined), median(round_trip)};
 }
 
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+void scale_table() {
+  std::printf("one world all_reduce (4 x f32 per rank), threads backend\n");
+  std::printf("%6s %10s %12s %16s %12s\n", "ranks", "run s", "empty run s", "all_reduce s", "peak MiB");
+  for (int n : {256, 1024, 2048, 4096}) {
+    std::atomic<double> slowest{0};
+    const auto t0 = clock_type::now();
+    cg::run_threads(n, [&](cg::rank_context& ctx) {
+      const auto a = clock_type::now();
+      auto r = cg::all_reduce(cg::full<float>({4}, 1.f), "sum", ctx.world());
+      if (r.to_vector()[0] != static_cast<float>(n)) std::abort();
+      const double d = seconds_since(a);
+      for (double cur = slowest.load(); d > cur && !slowest.compare_exchange_weak(cur, d);) {
+      }
+    });
+    const double run_s = seconds_since(t0);
+    const auto t1 = clock_type::now();
+    cg::run_threads(n, [](cg::rank_context&) {});
+    const double empty_s = seconds_since(t1);
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    std::printf("%6d %10.3f %12.3f %16.3f %12.1f\n", n, run_s, empty_s, slowest.load(),
+                static_cast<double>(u.ru_maxrss) / 1024.0);
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "scale") == 0) {
+    scale_table();
+    return 0;
+  }
   std::vector<std::pair<std::string, launch_fn>> ops = {
       {"all_reduce", [](const cg::tensor<float>& x, cg::rank_context& c) { return cg::all_reduce(x, "sum", c.world()); }},
       {"all_gather_tensor", [](const cg::tensor<float>& x, cg::rank_context& c) { return cg::all_gather_tensor(x, 0, c.world()); }},
@@ -87,5 +130,7 @@ int main() {
                   r.pipelined_us, r.round_trip_us);
     }
   }
+  std::printf("\n");
+  scale_table();
   return 0;
 }

@@ -8,6 +8,10 @@
 // passes and lint) and trace + schedule, the figure PERF.md targets (10,000 nodes well under
 // 100 ms). `bench_schedule [N [R]]` stops at programs of about N nodes (default 100,000; 300000
 // adds a ~300,000-node column, 3x the one before) and takes the median of R runs.
+// Table 1b: on `wide` programs (a sum of thousands of all_reduced matmul results, every one
+// live until the sum reaches it) of ~1,000, ~10,000 and ~50,000 nodes: bucketing (default cap
+// and a 64 KiB cap, many buckets), decomposition and the memory plan, with the plan's arena,
+// its lower bound (the live peak) and the most buffers live at once.
 // Table 2: predicted exposed communication (H200 cost model, 2 ranks) for the seeds' reorder
 // program at N = 4096 and 8192 (bf16) and the TP MLP of PERF.md (T = H = 8192, bf16), with and
 // without decomposition into row chunks.
@@ -43,6 +47,21 @@ auto layered(int layers) {
       h = z.reshape({-1}).reshape(z.shape());
     }
     return h;
+  };
+}
+
+// `width` gradient-like values, each a matmul scaled by a constant and all_reduced, then all
+// added up in order: 5 nodes per value, and every all_reduce result is live until the sum
+// reaches it (thousands of values live at once). Independent all_reduces next to each other
+// (bucketing merges them) of matmul results (decomposition splits each into row chunks).
+auto wide(int width) {
+  return [width](auto x) {
+    std::vector<decltype(cg::wait_tensor(cg::all_reduce(x, "sum", pair)))> rs;
+    for (int i = 0; i < width; ++i)
+      rs.push_back(cg::wait_tensor(cg::all_reduce(cg::eval(cg::matmul(x, x) * float(i + 1)), "sum", pair)));
+    auto acc = rs.front();
+    for (int i = 1; i < width; ++i) acc = cg::eval(acc + rs[static_cast<std::size_t>(i)]);
+    return acc;
   };
 }
 
@@ -125,6 +144,67 @@ int main(int argc, char** argv) {
     for (double x : ms[r]) std::printf(" %10.2f", x);
     for (std::size_t k = 1; k < ms[r].size(); ++k) std::printf(" %9.1fx", ms[r][k] / ms[r][k - 1]);  // growth
     std::printf("\n");
+  }
+
+  // Table 1b: graphs with thousands of values live at once.
+  {
+    std::vector<int> widths;
+    for (int w : {200, 2000, 10000})
+      if (5L * w <= max_nodes + max_nodes / 100) widths.push_back(w);
+    const std::vector<std::string> wrows = {"bucket_collectives", "bucket_collectives (64 KiB cap)",
+                                            "decompose_matmul_collectives", "memory plan (plan_memory)",
+                                            "  buffers live at once (max)", "  arena (KiB)", "  live peak (KiB)"};
+    std::vector<std::vector<double>> wv(wrows.size());
+    std::vector<std::size_t> wsizes;
+    for (int w : widths) {
+      const cg::graph g = cg::trace(two, wide(w), cg::input<float>({8, 8}));
+      wsizes.push_back(g.size());
+      std::size_t r = 0;
+      for (std::int64_t cap : {std::int64_t{25} << 20, std::int64_t{64} << 10}) {
+        cg::schedule_options o;
+        o.bucket_cap_bytes = cap;
+        std::vector<double> t;
+        for (int k = 0; k < runs; ++k) {
+          cg::graph copy = g;
+          const auto t0 = std::chrono::steady_clock::now();
+          cg::apply_pass(copy, "bucket_collectives", o);
+          t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        wv[r++].push_back(median(t));
+      }
+      {
+        std::vector<double> t;
+        for (int k = 0; k < runs; ++k) {
+          cg::graph copy = g;
+          const auto t0 = std::chrono::steady_clock::now();
+          cg::apply_pass(copy, "decompose_matmul_collectives", sopt);
+          t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        wv[r++].push_back(median(t));
+      }
+      const auto scheduled = cg::schedule(g, {"overlap"}, sopt);
+      wv[r++].push_back(median_ms(runs, [&] { (void)cg::plan_memory(scheduled); }));
+      const cg::memory_plan plan = cg::plan_memory(scheduled);
+      std::vector<int> delta(scheduled.size() + 1, 0);
+      for (const auto& b : plan.buffers) {
+        ++delta[b.first];
+        --delta[std::min(b.last, scheduled.size() - 1) + 1];
+      }
+      int live = 0, most = 0;
+      for (int d : delta) most = std::max(most, live += d);
+      wv[r++].push_back(most);
+      wv[r++].push_back(static_cast<double>(plan.arena_bytes) / 1024);
+      wv[r++].push_back(static_cast<double>(plan.live_peak_bytes) / 1024);
+    }
+    std::printf("\nGraphs with many values live at once (ms unless noted), median of %d\n", runs);
+    std::printf("%-34s", "pass");
+    for (std::size_t n : wsizes) std::printf(" %10zu", n);
+    std::printf("\n");
+    for (std::size_t r = 0; r < wrows.size(); ++r) {
+      std::printf("%-34s", wrows[r].c_str());
+      for (double x : wv[r]) std::printf(" %10.2f", x);
+      std::printf("\n");
+    }
   }
 
   cg::schedule_options opt;

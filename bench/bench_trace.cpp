@@ -14,7 +14,14 @@
 //   trace growth             - trace time per node relative to the smallest program: near 1.0
 //                              means tracing grows linearly with program size.
 // Medians of several runs (fewer for the largest program).
+//
+// A second table gives the per-call cost of cg::compile_function on programs of about 100 and
+// 1,000 nodes, after the first call compiled them: a call of the compiled graph alone, a call
+// under the default guard (trace, structural hash and comparison, then the same run), and
+// under function_guard::arguments (the shapes are the key, no trace); the guard's overhead per
+// node is the difference from the compiled graph's call.
 #include <ccgraph/ccgraph.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 
 #include "../examples/programs.hpp"
 
@@ -78,6 +85,36 @@ row measure(int steps, int repeats) {
   return r;
 }
 
+struct function_row {
+  std::size_t nodes;
+  double graph_us, traced_us, arguments_us;
+};
+
+function_row measure_function(int steps, int calls) {
+  function_row r{0, 0, 0, 0};
+  cg::run_threads(1, [&](cg::rank_context& ctx) {
+    auto fn = [steps](auto x) { return long_chain(x, steps); };
+    const auto x = cg::full<float>({1}, 0.25f);
+    const auto g = cg::trace(fn, cg::input<float>({1}));
+    r.nodes = g.size();
+    const auto exe = cg::compile(g, ctx);
+    auto traced = cg::compile_function<float>(fn, ctx);
+    auto by_arguments = cg::compile_function<float>(fn, ctx, {.guard = cg::function_guard::arguments});
+    // Each kind of call in a run of its own (the first call compiles and is not counted), so
+    // that one does not pay for the caches another evicted.
+    auto per_call_us = [&](auto&& call) {
+      (void)call(x).to_vector();
+      std::vector<double> t;
+      for (int k = 0; k < calls; ++k) t.push_back(time_ms([&] { (void)call(x).to_vector(); }));
+      return 1e3 * median(t);
+    };
+    r.graph_us = per_call_us(exe);
+    r.traced_us = per_call_us(traced);
+    r.arguments_us = per_call_us(by_arguments);
+  });
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +133,15 @@ int main(int argc, char** argv) {
     std::printf("%9zu %10.2f %11.3f %12.2f %11.2f %16.2f %9.2f %12.3f %14.3f %12.2f\n", r.nodes, r.trace_ms,
                 1e3 * r.trace_ms / n, (r.trace_ms / n) / base, r.compile_ms, r.compile_no_plan_ms, r.run_ms,
                 1e3 * r.run_ms / n, 1e3 * r.eager_ms / n, r.run_ms / r.eager_ms);
+  }
+  std::printf("\ncompile_function, per call after the first:\n");
+  std::printf("%9s %14s %16s %18s %20s %22s\n", "nodes", "graph call us", "guard=trace us", "guard=arguments us",
+              "trace guard us/node", "arguments guard us");
+  for (int nodes : {100, 1000}) {
+    if (nodes > max_nodes) continue;
+    const auto f = measure_function(nodes * 16 / 19, 41);
+    std::printf("%9zu %14.1f %16.1f %18.1f %20.3f %22.2f\n", f.nodes, f.graph_us, f.traced_us, f.arguments_us,
+                (f.traced_us - f.graph_us) / static_cast<double>(f.nodes), f.arguments_us - f.graph_us);
   }
   return 0;
 }

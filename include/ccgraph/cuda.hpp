@@ -21,6 +21,9 @@
 // translation unit built by a plain C++ compiler still gets the rest of the CUDA backend; its
 // device expressions then fail with an error saying to compile it with nvcc.
 #if defined(__CUDACC__)
+#include <ccgraph/cuda/loss.cuh>
+#include <ccgraph/cuda/normalization.cuh>
 #include <ccgraph/cuda/peer_reduce.cuh>
 #include <ccgraph/cuda/pointwise.cuh>
+#include <ccgraph/cuda/reduction.cuh>
 #endif

@@ -1,10 +1,13 @@
 // Tests of ccgraph/core/reduce_op.hpp: names, case-insensitive parsing, reduce_op_arg.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <ccgraph/core/reduce_op.hpp>
 
@@ -126,4 +129,53 @@ TEST_CASE("reduce_op.arg_conversions") {
                        "max, band, bor, bxor",
                        cg::error);
   CHECK_THROWS_AS(accept(std::string("")), cg::error);
+}
+
+TEST_CASE("reduce_op.bool_as_bytes") {
+  // NCCL has no bool type: bool travels as bytes holding 0 or 1 and is reduced as bytes. The
+  // byte reduction bool_reduce_as_bytes picks must give the bool result for any number of
+  // ranks; a plain byte sum counts the trues and wraps to 0 (false) at 256 of them.
+  using R = cg::reduce_op;
+  static_assert(cg::bool_reduce_as_bytes(R::sum) == R::max);
+  static_assert(cg::bool_reduce_as_bytes(R::product) == R::min);
+  static_assert(!cg::bool_reduce_as_bytes(R::avg).has_value());
+  static_assert(!cg::bool_reduce_as_bytes(R::bxor).has_value());
+  auto bool_reduce = [](R op, const std::vector<bool>& v) {
+    bool any = false, all = true;
+    for (bool b : v) {
+      any = any || b;
+      all = all && b;
+    }
+    return (op == R::sum || op == R::max || op == R::bor) ? any : all;
+  };
+  auto byte_reduce = [](R op, const std::vector<bool>& v) {
+    std::uint8_t acc = v[0] ? 1 : 0;
+    for (std::size_t i = 1; i < v.size(); ++i) {
+      const std::uint8_t b = v[i] ? 1 : 0;
+      switch (op) {
+        case R::sum: acc = static_cast<std::uint8_t>(acc + b); break;
+        case R::product: acc = static_cast<std::uint8_t>(acc * b); break;
+        case R::min: acc = std::min(acc, b); break;
+        case R::max: acc = std::max(acc, b); break;
+        default: FAIL("no byte reduction for ", op);
+      }
+    }
+    return acc != 0;
+  };
+  for (R op : {R::sum, R::product, R::min, R::max, R::band, R::bor}) {
+    CAPTURE(op);
+    const auto bytes = cg::bool_reduce_as_bytes(op);
+    REQUIRE(bytes.has_value());
+    for (std::size_t ranks : {1u, 2u, 3u, 255u, 256u, 257u, 512u})
+      for (int pattern = 0; pattern < 4; ++pattern) {
+        // all true, all false, one false, one true
+        std::vector<bool> v(ranks, pattern == 0 || pattern == 2);
+        if (pattern >= 2) v[ranks / 2] = !v[ranks / 2];
+        CAPTURE(ranks);
+        CAPTURE(pattern);
+        CHECK(byte_reduce(*bytes, v) == bool_reduce(op, v));
+      }
+  }
+  // What the mapping fixes: 256 trues summed as bytes are false.
+  CHECK_FALSE(byte_reduce(R::sum, std::vector<bool>(256, true)));
 }

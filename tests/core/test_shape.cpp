@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +27,38 @@ TEST_CASE("shape.numel_of") {
   CHECK(cg::numel_of({2, 0, 4}) == 0);
   CHECK(cg::numel_of({1, 1, 1}) == 1);
   CHECK(cg::numel_of({1 << 20, 1 << 20}) == std::int64_t{1} << 40);  // no 32-bit overflow
+}
+
+TEST_CASE("shape.checked_arithmetic_and_numel") {
+  using i64 = std::int64_t;
+  const i64 max = std::numeric_limits<i64>::max();
+  i64 out = -1;
+  CHECK(cg::checked_mul(3, 4, out));
+  CHECK(out == 12);
+  CHECK(cg::checked_mul(0, max, out));
+  CHECK(out == 0);
+  CHECK(cg::checked_mul(max, 1, out));
+  CHECK(out == max);
+  CHECK_FALSE(cg::checked_mul(i64{1} << 32, i64{1} << 31, out));
+  CHECK_FALSE(cg::checked_mul(max, 2, out));
+  CHECK(cg::checked_add(max - 1, 1, out));
+  CHECK(out == max);
+  CHECK_FALSE(cg::checked_add(max, 1, out));
+
+  CHECK(cg::checked_numel({}, "f") == 1);
+  CHECK(cg::checked_numel({2, 3}, "f") == 6);
+  CHECK(cg::checked_numel({0, i64{1} << 40}, "f") == 0);
+  CHECK(cg::checked_numel({max}, "f") == max);
+  CHECK(cg::countable({max, 1, 0}));
+  CHECK_FALSE(cg::countable({i64{1} << 32, i64{1} << 32}));
+  CHECK_FALSE(cg::countable({0, i64{1} << 32, i64{1} << 32}));  // the strides would overflow
+  CHECK_FALSE(cg::countable({2, -1}));
+  CHECK(error_of([] { (void)cg::checked_numel({i64{1} << 32, i64{1} << 32}, "zeros"); }) ==
+        "zeros: shape [4294967296, 4294967296] has too many elements (the product of its sizes exceeds 2^63 - 1)");
+  // With a zero size the count is 0, but the contiguous strides are products of the others.
+  CHECK(error_of([] { (void)cg::checked_numel({i64{1} << 32, 0, i64{1} << 32}, "empty"); }) ==
+        "empty: shape [4294967296, 0, 4294967296] has too many elements (the product of its sizes exceeds 2^63 - 1)");
+  CHECK(error_of([] { (void)cg::checked_numel({3, -2}, "reshape"); }) == "reshape: negative size in shape [3, -2]");
 }
 
 TEST_CASE("shape.contiguous_strides") {

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace cg = ccgraph;
@@ -218,10 +220,46 @@ TEST_CASE("gpu_graphs.compile_function_records_one_cuda_graph_per_signature" * d
       CHECK(rel_error(values(f(x)), values(cudagraph_program(world)(x))) < 1e-2);
     }
     CHECK(f.signatures() == 2);
-    CHECK(f.traces() == 2);
+    CHECK(f.compiles() == 2);  // traced on every call (5), scheduled and recorded per shape
     REQUIRE(f.compiled_for({{1024}}) != nullptr);
     CHECK(f.compiled_for({{1024}})->exec().captured());
     CHECK(f.compiled_for({{2048}})->exec().captured());
+  });
+}
+
+TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // Issue 17 on GPUs: MoE routing changes all_to_all_single's split sizes (and here a
+  // broadcast's src) every step while every shape stays. Each call must give the eager
+  // result, interpreted or replayed as a CUDA Graph, results waited or pending: a program seen
+  // before reuses its graph (and recording), a new one gets its own.
+  cg::cuda::run_gpus(2, [](cg::rank_context& ctx) {
+    const int me = ctx.rank();
+    std::int64_t a = 1;  // rank 0 sends a rows to itself, 4 - a to rank 1; rank 1 the mirror
+    int src = 0;
+    auto routed = [&](auto x) {
+      const std::vector<std::int64_t> splits = me == 0 ? std::vector<std::int64_t>{a, 4 - a}
+                                                       : std::vector<std::int64_t>{4 - a, a};
+      auto moved = cg::all_to_all_single(x, splits, splits, ctx.world());
+      return std::make_tuple(cg::eval(moved * 2.f), cg::broadcast(x, src, ctx.world()));
+    };
+    auto plain = cg::compile_function<float>(routed, ctx);
+    auto pending = cg::compile_function<float>(routed, ctx, {.compile = {.pending_outputs = true}});
+    auto recorded = cg::compile_function<float>(routed, ctx, {.compile = {.cuda_graph = true}});
+    const auto x = cg::tensor<float>(cg::arange<float>(8).reshape({4, 2}) + static_cast<float>(100 * me));
+    const std::pair<int, int> steps[] = {{1, 0}, {3, 0}, {1, 1}, {2, 1}, {3, 0}, {1, 0}};  // (a, src)
+    for (const auto& step : steps) {
+      INFO("a " << step.first << ", src " << step.second);
+      a = step.first;
+      src = step.second;
+      const auto want = routed(x);
+      for (auto* f : {&plain, &pending, &recorded}) {
+        const auto got = (*f)(x);
+        CHECK(values(std::get<0>(got)) == values(std::get<0>(want)));
+        CHECK(values(std::get<1>(got)) == values(std::get<1>(want)));
+      }
+    }
+    for (auto* f : {&plain, &pending, &recorded}) CHECK(f->compiles() == 4);  // (1,0) (3,0) (1,1) (2,1)
+    CHECK(recorded.compiled_for({{4, 2}})->exec().captured());
   });
 }
 

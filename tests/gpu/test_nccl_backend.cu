@@ -9,6 +9,7 @@
 #include "../../examples/programs.hpp"
 #include "gpu_test.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -312,7 +313,115 @@ TEST_CASE("nccl.subgroups_and_mesh_dims.2_gpus" * doctest::skip(ccgraph_test::gp
   });
 }
 
+TEST_CASE("nccl.tagged_groups_get_their_own_communicators.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // Two groups over the same ranks with different tags (FSDP's all_gather and reduce_scatter
+  // groups) are two communicators, as two c10d process groups are; the same tag again reuses
+  // its communicator. Results match the threads backend's.
+  same_as_threads(2, [](cg::rank_context& ctx) {
+    results out;
+    auto x = cg::full<float>({8}, static_cast<float>(ctx.rank() + 1));
+    const cg::group ag{std::vector<int>{0, 1}, "fsdp_ag"}, rs{std::vector<int>{0, 1}, "fsdp_rs"};
+    for (int step = 0; step < 2; ++step) {
+      const std::string s = std::to_string(step);
+      out["ag." + s] = values(cg::all_gather_tensor(x, 0, ag));
+      out["rs." + s] = values(cg::reduce_scatter_tensor(x, "sum", 0, rs));
+      out["world." + s] = values(cg::all_reduce(x, "sum", ctx.world()));
+      out["world_tagged." + s] = values(cg::all_reduce(x, "max", ctx.world().tagged("fsdp_ag")));
+    }
+    if (auto* r = dynamic_cast<cg::cuda::detail::nccl_rank*>(&ctx.comm())) {
+      using key = std::pair<std::vector<int>, std::string>;
+      const auto comms = r->communicators();
+      CHECK(comms.size() == 3);  // the world's, and one per tag (the tagged world is [0, 1] "fsdp_ag")
+      CHECK(std::count(comms.begin(), comms.end(), key{{0, 1}, ""}) == 1);
+      CHECK(std::count(comms.begin(), comms.end(), key{{0, 1}, "fsdp_ag"}) == 1);
+      CHECK(std::count(comms.begin(), comms.end(), key{{0, 1}, "fsdp_rs"}) == 1);
+    }
+    return out;
+  });
+}
+
 namespace {
+
+/// What one rank got from every (collective, reduce op, dtype): the values, or the error.
+struct reduction_outcome {
+  std::map<std::string, std::vector<double>> values;
+  std::map<std::string, std::string> errors;
+};
+
+/// Every reduce op on every element type, through all_reduce and reduce_scatter_tensor, on the
+/// calling rank. Inputs are small integers (exact in every type, so every float result is
+/// exact too); bool inputs hold every pair of values across two ranks, so true + true occurs
+/// and must come back true (a byte sum gives 2, and wraps to false at 256 ranks).
+reduction_outcome reduction_suite(cg::rank_context& ctx) {
+  const int r = ctx.rank(), n = ctx.world_size();
+  const auto w = ctx.world();
+  reduction_outcome out;
+  const std::int64_t rows = 4 * n;
+  std::vector<double> base(static_cast<std::size_t>(rows * 4));
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<double>(static_cast<int>(i % 7) - 3 + r);
+  std::vector<double> bits(base.size()), small(base.size());
+  for (std::size_t i = 0; i < base.size(); ++i) {
+    bits[i] = static_cast<double>((i >> static_cast<unsigned>(r)) & 1u);
+    small[i] = static_cast<double>(i % 4 + static_cast<std::size_t>(r));
+  }
+  for (cg::dtype dt : {cg::dtype::f32, cg::dtype::f64, cg::dtype::i32, cg::dtype::i64, cg::dtype::u8,
+                       cg::dtype::boolean, cg::dtype::bf16, cg::dtype::f16}) {
+    cg::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      const auto& src = std::is_same_v<T, bool> ? bits : std::is_same_v<T, std::uint8_t> ? small : base;
+      const auto x = cg::tensor<double>::from(src, {rows, 4}).template to<T>();
+      for (cg::reduce_op op : {cg::reduce_op::sum, cg::reduce_op::avg, cg::reduce_op::product, cg::reduce_op::min,
+                               cg::reduce_op::max, cg::reduce_op::band, cg::reduce_op::bor, cg::reduce_op::bxor}) {
+        const std::string key = cg::detail::concat(dt, ".", op);
+        try {
+          out.values["all_reduce." + key] = values(cg::all_reduce(x, op, w));
+        } catch (const cg::error& e) {
+          out.errors["all_reduce." + key] = e.what();
+        }
+        try {
+          out.values["reduce_scatter." + key] = values(cg::reduce_scatter_tensor(x, op, 0, w));
+        } catch (const cg::error& e) {
+          out.errors["reduce_scatter." + key] = e.what();
+        }
+      }
+    });
+  }
+  return out;
+}
+
+/// reduction_suite on n ranks of both backends: NCCL must give the threads backend's values bit
+/// for bit, or, for a reduction NCCL does not have (band, bor, bxor on numbers; bxor on bool),
+/// an error saying so; never another result.
+void reduction_matrix_case(int n) {
+  std::vector<reduction_outcome> cpu(static_cast<std::size_t>(n)), gpu(static_cast<std::size_t>(n));
+  cg::run_threads(n, [&](cg::rank_context& ctx) { cpu[static_cast<std::size_t>(ctx.rank())] = reduction_suite(ctx); });
+  cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) { gpu[static_cast<std::size_t>(ctx.rank())] = reduction_suite(ctx); });
+  for (int r = 0; r < n; ++r) {
+    const auto& c = cpu[static_cast<std::size_t>(r)];
+    const auto& g = gpu[static_cast<std::size_t>(r)];
+    CHECK(c.values.size() + c.errors.size() == 2 * 8 * 8);
+    for (auto& [key, want] : c.values) {
+      CAPTURE(key);
+      if (g.errors.count(key)) {
+        const std::string& e = g.errors.at(key);
+        CAPTURE(e);
+        CHECK(e.find("not supported by NCCL") != std::string::npos);
+        const bool bitwise = key.find(".band") != std::string::npos || key.find(".bor") != std::string::npos ||
+                             key.find(".bxor") != std::string::npos;
+        CHECK(bitwise);  // nothing else may be refused
+        CHECK((key.find(".bool.") == std::string::npos || key.find(".bxor") != std::string::npos));
+        continue;
+      }
+      REQUIRE(g.values.count(key) == 1);
+      check_close(g.values.at(key), want, 0, "rank " + std::to_string(r) + " of " + std::to_string(n) + ": " + key);
+    }
+    for (auto& [key, e] : c.errors) {  // rejected by the op itself: the same error on both
+      CAPTURE(key);
+      REQUIRE(g.errors.count(key) == 1);
+      CHECK(g.errors.at(key) == e);
+    }
+  }
+}
 
 /// GEMMs leave nccl_options::gemm_sm_carveout SMs free while a collective is out, on n ranks.
 void gemm_carveout_case(int n) {
@@ -595,6 +704,9 @@ TEST_CASE("nccl.collective_stream_from_the_environment") {
   CHECK(cg::cuda::nccl_options{}.placement == cg::cuda::collective_stream::automatic);
 }
 
+GPU_TEST_CASE("nccl.every_reduce_op_and_dtype_matches_threads_backend.1_gpu") { reduction_matrix_case(1); }
+GPUS_TEST_CASE("nccl.every_reduce_op_and_dtype_matches_threads_backend.2_gpus", 2) { reduction_matrix_case(2); }
+
 GPU_TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.1_gpu") { gemm_carveout_case(1); }
 GPUS_TEST_CASE("nccl.gemm_leaves_sms_to_unwaited_collectives.2_gpus", 2) { gemm_carveout_case(2); }
 GPU_TEST_CASE("nccl.overlapped_collectives_run_capped_with_same_results.1_gpu") { overlapped_case(1); }
@@ -758,4 +870,67 @@ TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::
 TEST_CASE("nccl.run_gpus_rejects_more_ranks_than_gpus") {
   CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(ccgraph_test::gpu_count() + 1, [](cg::rank_context&) {}),
                        doctest::Contains("CUDA device"), cg::error);
+}
+
+TEST_CASE("nccl.timeout.zero_is_an_error.1_gpu" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
+  for (const auto t : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    cg::cuda::nccl_options opt;
+    opt.timeout = t;
+    const std::string expect =
+        "nccl_options::timeout: the timeout must be positive, got " + std::to_string(t.count()) + " ms";
+    CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(1, [](cg::rank_context&) {}, opt),
+                         doctest::Contains(expect.c_str()), cg::error);
+  }
+}
+
+TEST_CASE("nccl.timeout.max_waits_forever.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // milliseconds::max() used to overflow in the watchdog's `waited <= timeout` (nanoseconds)
+  // and in the finish barrier's wait_for: a late rank failed its peer at once.
+  cg::cuda::nccl_options opt;
+  opt.timeout = std::chrono::milliseconds::max();
+  cg::cuda::run_gpus(
+      2,
+      [](cg::rank_context& ctx) {
+        if (ctx.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        CHECK(cg::all_reduce(cg::ones<float>({1024}), "sum", ctx.world()).to_vector() ==
+              std::vector<float>(1024, 2.f));
+      },
+      opt);
+}
+
+GPU_TEST_CASE("nccl.group_of_another_world_is_refused.1_gpu") {
+  // issue 21 item 1 on the nccl backend: the same check as the threads backend's, before NCCL
+  // sees the group (a graph traced for 8 ranks, a hand-made group, a partition of 8 ranks).
+  const std::vector<int> eight{0, 1, 2, 3, 4, 5, 6, 7};
+  auto g8 = cg::trace(cg::trace_options{.world_size = 8},
+                      [&](auto a) { return cg::wait_tensor(cg::all_reduce(a, "sum", cg::group{eight})); },
+                      cg::input<float>({4}));
+  std::string compiled, launched, split;
+  cg::cuda::run_gpus(1, [&](cg::rank_context& ctx) {
+    try {
+      (void)cg::compile(g8, ctx);
+    } catch (const cg::error& e) {
+      compiled = e.what();
+    }
+    auto launch = [&](cg::group_info gi) {
+      return cg::detail::launch_collective<float>(ctx, "all_reduce", cg::ops::all_reduce{cg::reduce_op::sum},
+                                                  std::move(gi), {cg::ones<float>({4})});
+    };
+    try {
+      (void)launch({"", eight, {}});
+    } catch (const cg::error& e) {
+      launched = e.what();
+    }
+    try {
+      (void)launch({"", {0}, {{0}, {1}}});
+    } catch (const cg::error& e) {
+      split = e.what();
+    }
+    // Nothing reached NCCL: the world still works.
+    CHECK(cg::all_reduce(cg::ones<float>({4}), "sum", ctx.world()).to_vector() == std::vector<float>(4, 1.f));
+  });
+  CHECK(compiled.find("= all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 1 ranks (rank 0)") !=
+        std::string::npos);
+  CHECK(launched == "all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 1 ranks (rank 0)");
+  CHECK(split == "all_reduce: the partition [[0], [1]] of group [0] does not split a world of 1 ranks (rank 0)");
 }

@@ -151,6 +151,39 @@ TEST_CASE("group.resolve.each_form_for_each_rank") {
   }
 }
 
+TEST_CASE("group.tag.is_part_of_the_identity") {
+  // c10d's group tags (funcol's `tag`): two groups over the same ranks with different tags are
+  // two groups. Every form keeps its tag; the label prints it after the name.
+  cg::group_registry reg(4);
+  reg.add("pair", {0, 1});
+  const cg::device_mesh mesh({2, 2}, names{"dp", "tp"});
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const auto plain = cg::group{std::vector<int>{1, 0}}.resolve(r, reg, "test");
+    const auto rs = cg::group{std::vector<int>{1, 0}, "fsdp_rs"}.resolve(r, reg, "test");
+    const auto ag = cg::group{std::vector<int>{0, 1}, "fsdp_ag"}.resolve(r, reg, "test");
+    CHECK(plain.tag.empty());
+    CHECK(rs.tag == "fsdp_rs");
+    CHECK(rs.ranks == plain.ranks);
+    CHECK(rs.name == "pair");
+    CHECK(rs.label() == "pair:fsdp_rs");
+    CHECK(plain.label() == "pair");
+    CHECK_FALSE(rs == plain);
+    CHECK_FALSE(rs == ag);
+    CHECK(rs == cg::group{"pair"}.tagged("fsdp_rs").resolve(r, reg, "test"));
+    CHECK(rs == cg::group{mesh, "tp"}.tagged("fsdp_rs").resolve(r, reg, "test"));  // {0, 1} for ranks 0, 1
+    CHECK(cg::group{mesh, "tp"}.tagged("x").resolve(r, reg, "test").partition == mesh.groups_along(1));
+    CHECK(cg::group{lists{{0, 1}, {2, 3}}}.tagged("x").resolve(r, reg, "test").tag == "x");
+    std::ostringstream os;
+    os << cg::group{std::vector<int>{0, 1, 2, 3}, "t"}.resolve(r, reg, "test");
+    CHECK(os.str() == "0:t");
+  }
+  CHECK(cg::group{std::vector<int>{2, 3}, "a"}.tag() == "a");
+  CHECK(cg::group{std::vector<int>{2, 3}}.tagged("b").tag() == "b");
+  CHECK(cg::group{std::vector<int>{2, 3}, "a"}.tagged("").tag().empty());
+  CHECK(cg::group{std::vector<int>{2, 3}, "a"}.resolve(2, reg, "test").label() == "[2, 3]:a");
+}
+
 TEST_CASE("group.resolve.partition_of_the_world") {
   // A mesh dimension (or MPMD lists covering every rank) is one part of a partition of the
   // world: every rank calls at once, which lets a backend split the world's communicator.

@@ -117,6 +117,21 @@ TEST_CASE("graph.add.infers_metas_and_unique_names") {
         "graph::add: node is not owned by this graph (%arg)");
 }
 
+TEST_CASE("graph.infer.values_past_int64_are_errors") {
+  // A node's shape may outgrow its inputs' (broadcast, matmul, repeat): every one is counted
+  // with overflow checks, so memory plans and sizes computed from the graph never overflow.
+  const i64 g = i64{1} << 32;
+  const std::string too_many = " has too many elements (the product of its sizes exceeds 2^63 - 1)";
+  cg::ops::pointwise add{"add", "add(%0, %1)", nullptr};
+  CHECK(error_of([&] { (void)cg::infer(cg::node_op(add), {f32({g, 1}), f32({1, g})}, std::nullopt); }) ==
+        "pointwise: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::infer(cg::node_op(cg::ops::matmul{}), {f32({g, 2}), f32({2, g})}, std::nullopt); }) ==
+        "matmul: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::infer(cg::node_op(cg::ops::repeat{{g, g}}), {f32({1})}, std::nullopt); }) ==
+        "repeat: shape [4294967296, 4294967296]" + too_many);
+  CHECK(cg::infer(cg::node_op(add), {f32({g, 1}), f32({1, 2})}, std::nullopt).at(0).shape == shape_t{g, 2});
+}
+
 TEST_CASE("graph.set_args.keeps_users_consistent") {
   small s;
   // matmul(w, w) lists w once among w's users; inputs() keeps the repeat.
@@ -284,6 +299,43 @@ TEST_CASE("structural_hash.equal_programs") {
   CHECK(cg::structural_hash(g4) == cg::structural_hash(g3));
 }
 
+TEST_CASE("structurally_equal.what_the_hash_tells_apart") {
+  auto traced = [](auto fn, auto... in) { return cg::graph(cg::trace(world(4), fn, in...)); };
+  auto ar = [](cg::group g, const char* op = "sum") { return [g, op](auto a) { return cg::all_reduce(a, op, g); }; };
+  const cg::graph base = traced(ar(cg::group{"0"}), cg::input<float>({4, 4}));
+  // Equal: the same program traced again, or written with another form of the group.
+  CHECK(cg::structurally_equal(base, traced(ar(cg::group{"0"}), cg::input<float>({4, 4}))));
+  CHECK(cg::structurally_equal(base, traced(ar(cg::group{std::vector<int>{3, 2, 1, 0}}), cg::input<float>({4, 4}))));
+  // Different: every kind of difference structural_hash tells apart.
+  const std::vector<cg::graph> others{
+      traced(ar(cg::group{"0"}), cg::input<float>({4, 8})),
+      traced(ar(cg::group{"0"}), cg::input<double>({4, 4})),
+      traced(ar(cg::group{"0"}, "max"), cg::input<float>({4, 4})),
+      traced(ar(cg::group{"0"}), cg::input<float>({4, 4}).as_pending()),
+      traced(ar(cg::group{std::vector<int>{0, 1}}), cg::input<float>({4, 4})),
+      traced(ar(cg::group{"0"}.tagged("t")), cg::input<float>({4, 4})),
+      traced([](auto a) { return a * 0.f; }, cg::input<float>({4, 4})),
+  };
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(cg::structurally_equal(base, others[i]));
+    CHECK(cg::structurally_equal(others[i], others[i]));
+  }
+  CHECK(contains(cg::to_string(others[5]), "all_reduce(%arg, op=sum, group=0:t)"));
+  CHECK_FALSE(cg::structurally_equal(traced([](auto a) { return a * 0.f; }, cg::input<float>({4})),
+                                     traced([](auto a) { return a * -0.f; }, cg::input<float>({4}))));
+  CHECK_FALSE(cg::structurally_equal(
+      traced([](auto a) { return cg::all_to_all_single(a, std::vector<std::int64_t>{1, 1, 1, 1},
+                                                       std::vector<std::int64_t>{1, 1, 1, 1}, "0"); },
+             cg::input<float>({4})),
+      traced([](auto a) { return cg::all_to_all_single(a, std::vector<std::int64_t>{1, 1, 1, 1},
+                                                       std::vector<std::int64_t>{2, 0, 1, 1}, "0"); },
+             cg::input<float>({4}))));
+  CHECK_FALSE(cg::structurally_equal(
+      traced([](auto a, auto b) { return cg::matmul(a, b); }, cg::input<float>({4, 4}), cg::input<float>({4, 4})),
+      traced([](auto a, auto b) { return cg::matmul(b, a); }, cg::input<float>({4, 4}), cg::input<float>({4, 4}))));
+}
+
 TEST_CASE("structural_hash.different_programs") {
   auto hash = [](auto fn, auto... in) { return cg::structural_hash(cg::trace(world(4), fn, in...)); };
   auto ar = [](const char* op) {
@@ -296,6 +348,8 @@ TEST_CASE("structural_hash.different_programs") {
   CHECK(hash(ar("sum"), cg::input<float>({4, 4}).as_pending()) != base);  // a pending input
   CHECK(hash([](auto a) { return cg::all_reduce(a, "sum", std::vector<int>{0, 1}); }, cg::input<float>({4, 4})) !=
         base);  // group
+  CHECK(hash([](auto a) { return cg::all_reduce(a, "sum", cg::group{"0"}.tagged("t")); }, cg::input<float>({4, 4})) !=
+        base);  // group tag
   // Groups by ranks: the pair {0, 1} traced on rank 0 and {2, 3} on rank 2 differ.
   auto pairs = [](auto a) { return cg::all_reduce(a, "sum", std::vector<std::vector<int>>{{0, 1}, {2, 3}}); };
   CHECK(cg::structural_hash(cg::trace(world(4, 0), pairs, cg::input<float>({4}))) !=
@@ -480,7 +534,8 @@ TEST_CASE("print.listing.snapshot") {
         "group=[0, 1])\n"
         "    %wait_tensor_1 : i32[2, 2] = wait_tensor(%reduce_scatter_tensor)\n"
         "    %broadcast : i32[2, 2] = broadcast(%wait_tensor_1, src=0, group=[0, 1])\n"
-        "    return %broadcast\n");
+        "    %wait_tensor_2 : i32[2, 2] = wait_tensor(%broadcast)\n"
+        "    return %wait_tensor_2\n");
   // An in-place call and a single returned value.
   auto inplace = cg::trace(world(2), [](auto t) {
     cg::all_reduce_(t, "bxor", "0");

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -355,6 +356,42 @@ TEST_CASE("all_reduce.u8_wraps_mod_256") {
     // 200 * 201 * 202 = 8120400 = 31720 * 256 + 80
     CHECK(cg::all_reduce(in, "product", ctx.world()).to_vector() == vec<std::uint8_t>(4, 80));
   });
+}
+
+TEST_CASE("all_reduce.int32_int64_wrap_like_nccl") {
+  // Signed sums and products that overflow wrap modulo 2^32 / 2^64 (two's complement), as NCCL's
+  // do, instead of being undefined behaviour (UBSan checks the build of this test).
+  using i32 = std::int32_t;
+  static constexpr i32 max32 = std::numeric_limits<i32>::max();
+  static constexpr i64 max64 = std::numeric_limits<i64>::max();
+  run(3, [](cg::rank_context& ctx) {
+    auto r32 = [&](i32 v, const char* op) { return cg::all_reduce(cg::full<i32>({2}, v), op, ctx.world()).to_vector(); };
+    auto r64 = [&](i64 v, const char* op) { return cg::all_reduce(cg::full<i64>({2}, v), op, ctx.world()).to_vector(); };
+    // 3 (2^31 - 1) = 2^32 + 2^31 - 3, which is 2^31 - 3 modulo 2^32.
+    CHECK(r32(max32, "sum") == vec<i32>(2, 2147483645));
+    CHECK(r32(std::numeric_limits<i32>::min(), "sum") == vec<i32>(2, std::numeric_limits<i32>::min()));  // 3 (-2^31)
+    CHECK(r32(1 << 16, "product") == vec<i32>(2, 0));  // 2^48
+    CHECK(r32(max32, "product") == vec<i32>(2, max32));  // (2^31 - 1)^3 is 2^31 - 1 modulo 2^32
+    CHECK(r64(max64, "sum") == vec<i64>(2, max64 - 2));  // 3 (2^63 - 1) = 2^64 + 2^63 - 3
+    CHECK(r64(i64{1} << 32, "product") == vec<i64>(2, 0));  // 2^96
+    CHECK(r64(-3, "product") == vec<i64>(2, -27));          // no wrap: ordinary negatives stay exact
+    // avg divides the wrapped sum: (2^63 - 3) / 3.
+    CHECK(r64(max64, "avg") == vec<i64>(2, (max64 - 2) / 3));
+    CHECK(r32(max32, "avg") == vec<i32>(2, 2147483645 / 3));
+  });
+}
+
+TEST_CASE("all_reduce.u8_avg_on_256_ranks") {
+  // The rank count does not fit u8: it used to become 0 and divide by zero.
+  constexpr int n = 256;
+  std::atomic<int> wrong{0};
+  run(n, [&](cg::rank_context& ctx) {
+    auto in = cg::full<std::uint8_t>({2}, ctx.rank() < 2 ? std::uint8_t{200} : std::uint8_t{0});
+    // 400 wraps to 144, divided by 256 ranks: 0. Max and sum too.
+    if (cg::all_reduce(in, "avg", ctx.world()).to_vector() != vec<std::uint8_t>(2, 0)) ++wrong;
+    if (cg::all_reduce(in, "sum", ctx.world()).to_vector() != vec<std::uint8_t>(2, 144)) ++wrong;
+  });
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("all_reduce.bool_follows_nccl") {
@@ -850,6 +887,30 @@ TEST_CASE("subgroup.only_members_call") {
   });
 }
 
+TEST_CASE("subgroup.tagged_groups_over_the_same_ranks") {
+  // FSDP's shape: all_gathers on one tagged group and reduce_scatters on another over the same
+  // ranks, interleaved with collectives of the untagged world group. Each tag is its own group
+  // with its own sequence of collectives; all give the untagged results.
+  run(3, [](cg::rank_context& ctx) {
+    const int me = ctx.rank();
+    const std::vector<int> all{0, 1, 2};
+    const cg::group ag{all, "fsdp_ag"}, rs{all, "fsdp_rs"};
+    const shape_t shape{6, 2};
+    for (int step = 0; step < 3; ++step) {
+      const auto msg = "step " + std::to_string(step) + ": ";
+      auto in = make_input<float>(shape, 1300 + static_cast<std::uint64_t>(step), me);
+      const auto ins = inputs_of<float>(all, shape, 1300 + static_cast<std::uint64_t>(step));
+      auto gathered = cg::all_gather_tensor(in, 0, ag);     // pending while the others run
+      auto scattered = cg::reduce_scatter_tensor(in, "sum", 0, rs);
+      auto reduced = cg::all_reduce(in, "max", ctx.world());
+      check_tensor(scattered, ref_slice(ref_reduce(ins, cg::reduce_op::sum), shape, 0, 2 * me, 2), (shape_t{2, 2}),
+                   msg + "reduce_scatter_tensor: ");
+      check_tensor(gathered, ref_concat(ins, shape, 0), (shape_t{18, 2}), msg + "all_gather_tensor: ");
+      check_tensor(reduced, ref_reduce(ins, cg::reduce_op::max), shape, msg + "all_reduce: ");
+    }
+  });
+}
+
 TEST_CASE("subgroup.every_form_gives_the_same_result") {
   // Real-valued floats, so that any difference in member order would show in the bits.
   run(4, [](cg::rank_context& ctx) {
@@ -1298,3 +1359,86 @@ TEST_CASE("errors.outside_run_threads") {
   CHECK_THROWS_WITH_AS(cg::all_reduce_coalesced(std::vector<cg::tensor<float>>{t}, "sum", cg::group{"0"}),
                        doctest::Contains("no rank context"), cg::error);
 }
+
+TEST_CASE("errors.group_of_another_world_at_launch") {
+  // What a graph traced for another world or rank hands the launch (issue 21 item 1): every
+  // collective, eager or compiled, is checked there before a backend indexes peers by it.
+  run(2, [](cg::rank_context& ctx) {
+    auto launch = [&](cg::group_info gi) {
+      return cg::detail::launch_collective<float>(ctx, "all_reduce", cg::ops::all_reduce{cg::reduce_op::sum},
+                                                  std::move(gi), {cg::ones<float>({4})});
+    };
+    const std::string r = std::to_string(ctx.rank());
+    CHECK(error_of([&] { launch({"", iota_ranks(8), {}}); }) ==
+          "all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 2 ranks (rank " + r + ")");
+    CHECK(error_of([&] { launch({"", {-1, 0, 1}, {}}); }) ==
+          "all_reduce: group [-1, 0, 1] does not fit a world of 2 ranks (rank " + r + ")");
+    const int other = 1 - ctx.rank();
+    CHECK(error_of([&] { launch({"", {other}, {}}); }) ==
+          "all_reduce: rank " + r + " is not a member of group [" + std::to_string(other) + "] (world of 2 ranks)");
+    CHECK(error_of([&] { launch({"", {1, 0}, {}}); }) ==
+          "all_reduce: group [1, 0] is not a sorted list of distinct ranks (rank " + r + ", world of 2 ranks)");
+    CHECK(error_of([&] { launch({"", {}, {}}); }) == "all_reduce: empty group (rank " + r + ", world of 2 ranks)");
+    // A partition (MPMD lists, a mesh dim) must split this world, with the group one part.
+    const std::string part = "[" + r + "]";
+    CHECK(error_of([&] { launch({"", {ctx.rank()}, {{ctx.rank()}, {other}, {2}}}); }) ==
+          "all_reduce: the partition [[" + r + "], [" + std::to_string(other) + "], [2]] of group " + part +
+              " does not split a world of 2 ranks (rank " + r + ")");
+    CHECK(error_of([&] { launch({"", {ctx.rank()}, {{ctx.rank()}}}); }) ==
+          "all_reduce: the partition [[" + r + "]] of group " + part + " does not split a world of 2 ranks (rank " + r + ")");
+    CHECK(contains(error_of([&] { launch({"", {ctx.rank()}, {{0, 1}}}); }), "does not split a world of 2 ranks"));
+    // Nothing reached the backend: the world is intact.
+    CHECK(cg::all_reduce(cg::ones<float>({1}), "sum", ctx.world()).item() == 2.f);
+    CHECK(launch({"", {ctx.rank()}, {{0}, {1}}}).at(0).to_vector() == std::vector<float>(4, 1.f));
+  });
+}
+
+TEST_CASE("errors.splits_and_shapes_past_int64") {
+  // Split sizes whose sum overflows, and outputs too large to count, are errors naming them.
+  constexpr i64 big = std::numeric_limits<i64>::max();
+  run(2, [](cg::rank_context& ctx) {
+    auto t = cg::ones<float>({4, 2});
+    using splits = std::vector<i64>;
+    CHECK(error_of([&] { cg::all_to_all_single(t, splits{big, 1}, splits{2, 2}, ctx.world()); }) ==
+          "all_to_all_single: output_split_sizes [9223372036854775807, 1] sum past 2^63 - 1");
+    CHECK(error_of([&] { cg::all_to_all_single(t, splits{2, 2}, splits{big, big}, ctx.world()); }) ==
+          "all_to_all_single: input_split_sizes [9223372036854775807, 9223372036854775807] sum past 2^63 - 1");
+    CHECK(error_of([&] { cg::all_to_all_single(t, splits{big / 2, 1}, splits{2, 2}, ctx.world()); }) ==
+          "all_to_all_single: output_split_sizes [4611686018427387903, 1] make an output of shape "
+          "[4611686018427387904, 2], which has too many elements (the product of its sizes exceeds 2^63 - 1)");
+    auto out = cg::empty<float>({4, 2});
+    CHECK(error_of([&] { cg::all_to_all_single_(out, t, splits{big, 1}, splits{2, 2}, ctx.world()); }) ==
+          "all_to_all_single: output_split_sizes [9223372036854775807, 1] sum past 2^63 - 1");
+    // Nothing was launched: the world goes on.
+    CHECK(cg::all_reduce(cg::ones<float>({1}), "sum", ctx.world()).item() == 2.f);
+  });
+  // all_gather's dim 0 times the group size, as inferred for a traced value (no tensor of that
+  // size is ever made).
+  const cg::tensor_meta huge{cg::dtype::f32, {i64{1} << 62}};
+  const cg::group_info four{"0", iota_ranks(4), {}};
+  CHECK(error_of([&] { (void)cg::ops::infer(cg::ops::all_gather_into_tensor{4}, {huge}, four); }) ==
+        "all_gather_into_tensor: dim 0 (size 4611686018427387904) times group_size 4 exceeds 2^63 - 1");
+  const cg::tensor_meta wide{cg::dtype::f32, {i64{1} << 40, i64{1} << 21}};  // 2^61 elements, 2^63 gathered
+  CHECK(error_of([&] { (void)cg::ops::infer(cg::ops::all_gather_into_tensor_coalesced{4}, {wide}, four); }) ==
+        "all_gather_into_tensor_coalesced: shape [4398046511104, 2097152] has too many elements (the product of "
+        "its sizes exceeds 2^63 - 1)");
+}
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // they abort on huge allocations
+TEST_CASE("errors.output_that_cannot_be_allocated") {
+  // 2^60 rows of one float: countable, but 4 EiB cannot be allocated (more than any address
+  // space, whatever the overcommit policy): an error naming the collective and its splits.
+  run(1, [](cg::rank_context& ctx) {
+    using splits = std::vector<i64>;
+    const std::string m = error_of([&] {
+      cg::all_to_all_single(cg::ones<float>({4, 1}), splits{i64{1} << 60}, splits{4}, ctx.world());
+    });
+    CHECK(m ==
+          "all_to_all_single: cannot allocate f32[1152921504606846976, 1] (4611686018427387904 bytes) on cpu: "
+          "out of memory (output 0 of all_to_all_single(f32[4, 1], output_split_sizes=[1152921504606846976], "
+          "input_split_sizes=[4], group=[0]))");
+  });
+  CHECK(error_of([] { (void)cg::zeros<float>({i64{1} << 60}); }) ==
+        "zeros: cannot allocate f32[1152921504606846976] (4611686018427387904 bytes) on cpu: out of memory");
+}
+#endif

@@ -105,14 +105,37 @@ TEST_CASE("bucketing.all_reduce.adjacent_merge") {
     CHECK(b.count("all_reduce") == 0);
     REQUIRE(b.count("all_reduce_coalesced") == 1);
     CHECK(b.count("all_gather_into_tensor") == 1);
-    CHECK(b.count("wait_tensor") == 2);  // rb and gc are returned un-waited
+    CHECK(b.count("wait_tensor") == 4);  // one per output of the coalesced node, and gc's
     const cg::node* m = b.find("all_reduce_coalesced");
     CHECK(m->num_outputs() == 3);
     CHECK(m->args().size() == 3);
-    // The rb output is returned un-waited: the output node now reads the coalesced node.
-    CHECK(b.output_node()->args()[1] == cg::value_ref{const_cast<cg::node*>(m), 1});
+    // The rb output is returned through its wait, which now reads the coalesced node.
+    const cg::node* rb = b.output_node()->inputs()[1];
+    CHECK(rb->op() == "wait_tensor");
+    CHECK(rb->args()[0] == cg::value_ref{const_cast<cg::node*>(m), 1});
     CHECK(same_results(g, b, world));
   }
+}
+
+TEST_CASE("bucketing.tagged_groups_stay_apart") {
+  // Groups over the same ranks with different tags are different groups (communicators): their
+  // collectives never share a launch; those of one tag still do.
+  const auto g = cg::trace(ccgraph_test::world(2), [](auto a, auto b, auto c) {
+    const std::vector<int> ranks{0, 1};
+    auto ra = cg::all_reduce(a, "sum", cg::group{ranks, "x"});
+    auto rb = cg::all_reduce(b, "sum", cg::group{ranks, "x"});
+    auto rc = cg::all_reduce(c, "sum", cg::group{ranks, "y"});
+    return std::make_tuple(ra, rb, rc);
+  }, cg::input<float>({4}), cg::input<float>({4}), cg::input<float>({4}));
+  auto b = g;
+  cg::bucket_collectives(b, 1 << 20);
+  CHECK(b.count("all_reduce_coalesced") == 1);
+  CHECK(b.count("all_reduce") == 1);
+  for (const cg::node* n : b.nodes()) {
+    if (n->op() == "all_reduce") CHECK(n->group()->tag == "y");
+    if (n->op() == "all_reduce_coalesced") CHECK(n->group()->tag == "x");
+  }
+  CHECK(same_results(g, b, 2));
 }
 
 TEST_CASE("bucketing.cap.respected") {

@@ -115,12 +115,47 @@ TEST_CASE("tensor.full_zeros_ones_empty") {
   CHECK(e2.numel() == 20);
   CHECK(e2.is_contiguous());
   CHECK(e2.strides() == cg::strides_t{5, 1});
-  CHECK(error_of([] { (void)cg::empty<float>({2, -1}); }) == "tensor: negative size in shape [2, -1]");
+  CHECK(error_of([] { (void)cg::empty<float>({2, -1}); }) == "empty: negative size in shape [2, -1]");
+  CHECK(error_of([] { (void)cg::tensor<float>::empty({-3}); }) == "tensor: negative size in shape [-3]");
+  CHECK(error_of([] { (void)cg::zeros<float>({-1}); }) == "zeros: negative size in shape [-1]");
 
   cg::tensor<float> d;  // default: empty 1-d
   CHECK(d.shape() == cg::shape_t{0});
   CHECK(d.numel() == 0);
   CHECK(d.to_vector().empty());
+}
+
+TEST_CASE("tensor.sizes_past_int64_are_errors") {
+  // issue 21: a shape whose element count overflowed was accepted with 0 bytes, and indexing
+  // it wrote anywhere. Every way of making a shape counts it with overflow checks and names it.
+  using i64 = std::int64_t;
+  const i64 g = i64{1} << 32;
+  const std::string too_many = " has too many elements (the product of its sizes exceeds 2^63 - 1)";
+  CHECK(error_of([&] { (void)cg::zeros<float>({g, g}); }) == "zeros: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::ones<float>({g, g}); }) == "ones: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::full<float>({g, g}, 1.f); }) == "full: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::empty<float>({g, g, 0}); }) == "empty: shape [4294967296, 4294967296, 0]" + too_many);
+  CHECK(error_of([&] { (void)cg::tensor<float>::empty({g, g}); }) == "tensor: shape [4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)cg::uniform<float>({g, g}); }) == "uniform: shape [4294967296, 4294967296]" + too_many);
+  // Countable, but not in bytes.
+  CHECK(error_of([] { (void)cg::zeros<double>({i64{1} << 61}); }) ==
+        "zeros: f64[2305843009213693952] needs 2305843009213693952 x 8 bytes, more than 2^63 - 1");
+  // reshape, with and without an inferred size, of an empty tensor (0 elements either way).
+  const auto none = cg::zeros<float>({0});
+  CHECK(error_of([&] { (void)none.reshape({0, g, g}); }) == "reshape: shape [0, 4294967296, 4294967296]" + too_many);
+  CHECK(error_of([&] { (void)none.reshape({-1, g, g}); }) == "reshape: shape [-1, 4294967296, 4294967296]" + too_many);
+  CHECK(none.reshape({0, g}).shape() == cg::shape_t{0, g});  // empty and countable: fine
+  // repeat: a size, and the element count.
+  const auto two = cg::zeros<float>({2});
+  CHECK(error_of([&] { (void)two.repeat({i64{1} << 62}); }) ==
+        "repeat: [4611686018427387904] times shape [2] has a size past 2^63 - 1");
+  CHECK(error_of([&] { (void)two.repeat({g, g}); }) == "repeat: shape [4294967296, 8589934592]" + too_many);
+  // arange's count, and cat's summed dim.
+  CHECK(contains(error_of([] { (void)cg::arange<float>(0, 1e30); }), "arange: [0, 1e+30) in steps of 1 has too many elements"));
+  CHECK(contains(error_of([] { (void)cg::arange<float>(0, std::numeric_limits<double>::infinity()); }), "has too many elements"));
+  const i64 big = std::numeric_limits<i64>::max();
+  CHECK(error_of([&] { (void)cg::detail::cat_shape({{big}, {1}}, 0); }) ==
+        "cat: dim 0 of the result exceeds 2^63 - 1 at tensor 1 ([1])");
 }
 
 TEST_CASE("tensor.arange") {

@@ -4,8 +4,8 @@
 // _functional_collectives.py): a functional collective is two call nodes (the collective and
 // its wait_tensor), an in-place c10d call three (collective, wait, copy), each reduce op is
 // recorded by name, every form of one group is the same node; pointwise chains fuse into one
-// node named after their ops; graphs may start with a pending input and return an un-waited
-// result. And the property the whole design rests on: the same generic function, run eagerly
+// node named after their ops; graphs may start with a pending input, keep the wait of a
+// returned result, and compile(pending_outputs) returns it un-waited. And the property the whole design rests on: the same generic function, run eagerly
 // and traced-then-compiled, gives bitwise-identical results (random programs of compute and
 // collectives over world sizes 2 to 4, float and int32).
 #include <doctest/doctest.h>
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <ccgraph/ccgraph.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 
 #include "../../examples/programs.hpp"
 
@@ -102,6 +103,35 @@ TEST_CASE("trace.functional_collective.two_call_nodes") {
                         cg::input<float>({4, 4}));
   CHECK(seq(used) == strings{"all_reduce", "wait_tensor", "fused_mul"});
   CHECK(used.nodes()[3]->inputs()[0]->op() == "wait_tensor");
+}
+
+TEST_CASE("trace.functional_collective.returned_result_keeps_its_wait") {
+  // test_dynamo_trace_allreduce: `return all_reduce(inp, "sum", "0")` traces to 2 ops, the
+  // collective and its wait, whose output the graph returns (the functional seed wraps every
+  // traced result in wait_tensor, one per coalesced output).
+  auto g = cg::trace(world(2), [](auto x) { return cg::all_reduce(x, "sum", "0"); }, cg::input<float>({4, 4}));
+  CHECK(seq(g) == strings{"all_reduce", "wait_tensor"});
+  CHECK(g.output_node()->inputs()[0]->op() == "wait_tensor");
+  cg::lint(g);
+  auto coalesced = cg::trace(world(2), [](auto a, auto b) {
+    return cg::all_reduce_coalesced(std::vector{a, b}, "sum", "0");
+  }, cg::input<float>({4}), cg::input<float>({2, 2}));
+  CHECK(seq(coalesced) == strings{"all_reduce_coalesced", "wait_tensor", "wait_tensor"});
+  for (const cg::node* r : coalesced.output_node()->inputs()) CHECK(r->op() == "wait_tensor");
+  // Returned twice, or also read: still one wait.
+  auto twice = cg::trace(world(2), [](auto a) {
+    auto r = cg::all_reduce(a, "sum", "0");
+    return std::make_tuple(r, r, r.reshape({2, 2}));
+  }, cg::input<float>({4}));
+  CHECK(seq(twice) == strings{"all_reduce", "wait_tensor", "reshape"});
+  run(2, [&](cg::rank_context& ctx) {
+    const auto x = cg::full<float>({4, 4}, float(ctx.rank() + 1));
+    for (bool plan : {true, false}) {
+      auto out = cg::compile(g, ctx, {.memory_plan = plan})(x);
+      CHECK_FALSE(out.is_pending());  // waited in the graph
+      CHECK(out.to_vector() == std::vector<float>(16, 3.f));
+    }
+  });
 }
 
 TEST_CASE("trace.inplace_collective.three_nodes") {
@@ -332,9 +362,10 @@ TEST_CASE("trace.returns.tuple_and_vector") {
   });
 }
 
-TEST_CASE("trace.returns.unwaited_collective") {
-  // test_inductor_allreduce_eager_wait: the graph returns the all_reduce un-waited and eager
-  // code waits on it later.
+TEST_CASE("trace.returns.pending_outputs") {
+  // test_inductor_allreduce_eager_wait: the compiled graph returns the all_reduce un-waited
+  // and eager code waits on it later. The traced graph keeps the wait; compile's
+  // pending_outputs is what returns the result pending.
   auto inductor_func = [](auto a, auto b, auto c, auto d) {
     auto x = cg::matmul(a, b);
     auto y = cg::matmul(c, d);
@@ -348,44 +379,48 @@ TEST_CASE("trace.returns.unwaited_collective") {
   };
   auto g = cg::trace(world(2), inductor_func, cg::input<float>({4, 4}), cg::input<float>({4, 4}),
                      cg::input<float>({4, 4}), cg::input<float>({4, 4}));
-  CHECK(seq(g) == strings{"matmul", "matmul", "cat", "all_reduce"});
-  CHECK(g.count("wait_tensor") == 0);
-  CHECK(g.output_node()->inputs()[0]->op() == "all_reduce");
+  CHECK(seq(g) == strings{"matmul", "matmul", "cat", "all_reduce", "wait_tensor"});
   cg::lint(g);
 
-  // Returned twice: both outputs read the collective.
+  // Returned twice (one wait, dropped once); returned and also read (the wait stays, as its
+  // result is used inside the graph).
   auto twice = cg::trace(world(2), [](auto a) {
     auto r = cg::all_reduce(a, "sum", "0");
     return std::make_tuple(r, r);
   }, cg::input<float>({4}));
-  CHECK(seq(twice) == strings{"all_reduce"});
-  CHECK(twice.output_node()->args() == std::vector<cg::value_ref>(2, cg::value_ref{twice.nodes()[1], 0}));
-  cg::lint(twice);
-
-  // An explicit wait_tensor keeps the wait; a view or use of the result keeps it too.
-  auto waited = cg::trace(world(2), [](auto a) { return cg::wait_tensor(cg::all_reduce(a, "sum", "0")); },
-                          cg::input<float>({4}));
-  CHECK(seq(waited) == strings{"all_reduce", "wait_tensor"});
+  CHECK(seq(twice) == strings{"all_reduce", "wait_tensor"});
   auto both = cg::trace(world(2), [](auto a) {
     auto r = cg::all_reduce(a, "sum", "0");
     return std::make_tuple(r, r.reshape({2, 2}));
   }, cg::input<float>({4}));
   CHECK(seq(both) == strings{"all_reduce", "wait_tensor", "reshape"});
-  CHECK(both.output_node()->inputs()[0]->op() == "wait_tensor");
 
   run(2, [&](cg::rank_context& ctx) {
     auto one = cg::ones<float>({4, 4}) + float(ctx.rank());
     cg::tensor<float> in(one);
-    auto exe = cg::compile(g, ctx);
-    for (int call = 0; call < 2; ++call) {
-      auto ar = exe(in, in, in, in);
-      CHECK(ar.pending_work() != nullptr);  // returned un-waited (it may have finished already)
-      auto out = eager_func(ar, in, in);
-      CHECK(same_bits(out, eager_func(inductor_func(in, in, in, in), in, in)));
+    for (bool plan : {true, false}) {
+      auto exe = cg::compile(g, ctx, {.memory_plan = plan, .pending_outputs = true});
+      // The compiled graph dropped the wait of the returned result, and only that one.
+      CHECK(seq(exe.exec().graph_ref()) == strings{"matmul", "matmul", "cat", "all_reduce"});
+      CHECK(exe.exec().graph_ref().output_node()->inputs()[0]->op() == "all_reduce");
+      for (int call = 0; call < 2; ++call) {
+        auto ar = exe(in, in, in, in);
+        CHECK(ar.pending_work() != nullptr);  // returned un-waited (it may have finished already)
+        auto out = eager_func(ar, in, in);
+        CHECK(same_bits(out, eager_func(inductor_func(in, in, in, in), in, in)));
+      }
+      // The default waits inside the graph.
+      auto waited = cg::compile(g, ctx, {.memory_plan = plan})(in, in, in, in);
+      CHECK_FALSE(waited.is_pending());
+      CHECK(same_bits(waited, inductor_func(in, in, in, in)));
     }
-    auto [p, q] = cg::compile(twice, ctx)(cg::full<float>({4}, 1.f));
+    auto pending_twice = cg::compile(twice, ctx, {.pending_outputs = true});
+    CHECK(seq(pending_twice.exec().graph_ref()) == strings{"all_reduce"});
+    auto [p, q] = pending_twice(cg::full<float>({4}, 1.f));
     CHECK(p.to_vector() == std::vector<float>(4, 2.f));
     CHECK(q.to_vector() == std::vector<float>(4, 2.f));
+    auto pending_both = cg::compile(both, ctx, {.pending_outputs = true});
+    CHECK(seq(pending_both.exec().graph_ref()) == strings{"all_reduce", "wait_tensor", "reshape"});
   });
 }
 
@@ -476,10 +511,12 @@ TEST_CASE("trace.collectives.output_metas") {
   CHECK(agc.nodes()[4]->args()[0] == cg::value_ref{const_cast<cg::node*>(c), 1});
   auto rsc = cg::trace(o, [](auto a, auto b) {
     auto outs = cg::reduce_scatter_tensor_coalesced(std::vector{a, b}, "avg", {0, 1}, "0");
-    return std::make_tuple(cg::wait_tensor(outs[0]), outs[1]);  // the second returned un-waited
+    return std::make_tuple(cg::wait_tensor(outs[0]), outs[1]);  // the second through its own wait
   }, cg::input<float>({4, 2}), cg::input<float>({2, 8}));
-  CHECK(seq(rsc) == strings{"narrow", "narrow", "narrow", "narrow", "cat", "reduce_scatter_tensor_coalesced", "wait_tensor"});
-  CHECK(rsc.output_node()->args()[1] == cg::value_ref{rsc.nodes()[7], 1});
+  CHECK(seq(rsc) == strings{"narrow", "narrow", "narrow", "narrow", "cat", "reduce_scatter_tensor_coalesced",
+                            "wait_tensor", "wait_tensor"});
+  CHECK(rsc.output_node()->inputs()[1]->op() == "wait_tensor");
+  CHECK(rsc.output_node()->inputs()[1]->args()[0] == cg::value_ref{rsc.nodes()[7], 1});
   cg::lint(rsc);
   CHECK(rsc.nodes()[7]->metas() == std::vector<cg::tensor_meta>{{cg::dtype::f32, {1, 2}}, {cg::dtype::f32, {2, 2}}});
   auto arc = cg::trace(o, [](auto a, auto b) { return cg::all_reduce_coalesced(std::vector{a, b}, "sum", "0"); },
@@ -679,10 +716,10 @@ TEST_CASE("trace.compile.collectives_do_not_block_compute") {
     auto m = cg::matmul(a, a);
     return std::make_tuple(m, ar);
   }, cg::input<float>({2, 2}));
-  CHECK(seq(g) == strings{"all_reduce", "matmul"});
+  CHECK(seq(g) == strings{"all_reduce", "wait_tensor", "matmul"});
   std::atomic<bool> rank0_returned{false};
   run(2, [&](cg::rank_context& ctx) {
-    auto exe = cg::compile(g, ctx);
+    auto exe = cg::compile(g, ctx, {.pending_outputs = true});
     auto a = cg::full<float>({2, 2}, 1.f);
     if (ctx.rank() == 1) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -755,6 +792,9 @@ struct interpreter {
   int rank, world;
   std::vector<V> pool;
   std::vector<double> bound;
+  /// A host value the program reads besides its steps (split sizes, a broadcast's src, a
+  /// permutation, a scalar): what a compiled function must not serve a stale graph for.
+  std::uint32_t salt = 0;
 
   /// The value, divided down so that its magnitude is at most `max`.
   V fit(const V& x, double& b, double max) {
@@ -821,7 +861,10 @@ struct interpreter {
         V u = x;
         switch (r[3] % (std::is_floating_point_v<T> ? 8 : 3)) {
           case 0: return push(V(cg::relu(x) + y), bx + by);
-          case 1: return push(V(-x + y * 2), bx + 2 * by);
+          case 1: {
+            const int k = 2 + static_cast<int>(salt % 2);
+            return push(V(-x + y * static_cast<T>(k)), bx + k * by);
+          }
           case 2: return push(V(cg::abs(x) - y), bx + by);
           default:
             if constexpr (std::is_floating_point_v<T>) {
@@ -883,7 +926,7 @@ struct interpreter {
       case 8: {  // all_to_all_single: even, or circulant uneven splits (same dim 0 everywhere)
         if (r[3] % 2) return push(cg::all_to_all_single(x, std::nullopt, std::nullopt, g), bx);
         std::vector<i64> c(static_cast<std::size_t>(n), 0);
-        std::mt19937 rng(r[4]);
+        std::mt19937 rng(r[4] ^ salt);
         for (int k = 0; k < 12; ++k) ++c[rng() % static_cast<unsigned>(n)];
         std::vector<i64> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
         for (int j = 0; j < n; ++j) {
@@ -893,11 +936,11 @@ struct interpreter {
         return push(cg::all_to_all_single(x, out, in, g), bx);
       }
       case 9:  // broadcast from a member of this rank's group
-        return push(cg::broadcast(x, members[r[3] % static_cast<unsigned>(n)], g), bx);
+        return push(cg::broadcast(x, members[(r[3] + salt) % static_cast<unsigned>(n)], g), bx);
       case 10: {  // permute_tensor by a random permutation of the group
         std::vector<int> perm(static_cast<std::size_t>(n));
         for (int i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = i;
-        std::shuffle(perm.begin(), perm.end(), std::mt19937(r[3]));
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(r[3] ^ salt));
         return push(cg::permute_tensor(x, perm, g), bx);
       }
       case 11: {  // coalesced collectives
@@ -962,8 +1005,8 @@ struct interpreter {
     pool = {x0, x1};
     bound = {4, 4};
     for (const auto& s : program) run(s);
-    // The last three values (collective results among them are returned un-waited) and an
-    // earlier one, possibly a repeat.
+    // The last three values (collective results among them, returned through their waits, or
+    // pending with compile_options::pending_outputs) and an earlier one, possibly a repeat.
     std::vector<V> out(pool.end() - 3, pool.end());
     out.push_back(pool[pick_out % pool.size()]);
     return out;
@@ -1037,6 +1080,88 @@ TEST_CASE("trace.property.random_programs_traced_equal_eager") {
     CAPTURE(op);
     CHECK(ops_seen().count(op) == 1);
   }
+}
+
+namespace {
+
+/// The property again, over every way a traced program runs: on each of several values of a
+/// host value the program reads (`salt`), eager results must equal, bit for bit, what compile
+/// gives (with and without a memory plan, with results waited or pending), what a
+/// compile_function gives that reads the value captured (re-traced on every call), one that
+/// takes it as an argument (function_guard::arguments), and one that schedules too; each
+/// called over and over with values seen before, where a cache could serve a stale graph.
+/// Returns whether the value changed the program's graph.
+template <class T>
+bool no_stale_results(int world, std::uint64_t seed, int length) {
+  const auto program = make_program(seed, length);
+  const auto pick_out = static_cast<std::uint32_t>(seed * 7 + 3);
+  std::atomic<bool> salt_changes_graph{false};
+  run(world, [&](cg::rank_context& ctx) {
+    std::uint32_t salt = 0;  // captured: MoE routing read from outside the function
+    auto fn = [&](auto x0, auto x1) {
+      using V = decltype(x0);
+      return interpreter<V>{ctx.rank(), ctx.world_size(), {}, {}, salt}(program, x0, x1, pick_out);
+    };
+    auto fn_arg = [&](auto x0, auto x1, std::uint32_t s) {
+      using V = decltype(x0);
+      return interpreter<V>{ctx.rank(), ctx.world_size(), {}, {}, s}(program, x0, x1, pick_out);
+    };
+    auto captured = cg::compile_function<T, T>(fn, ctx);
+    auto passed = cg::compile_function<T, T, cg::host_arg<std::uint32_t>>(
+        fn_arg, ctx, {.guard = cg::function_guard::arguments});
+    auto scheduled = cg::compile_function<T, T>(
+        fn, ctx, {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = {.pending_outputs = true}});
+    const auto x0 = small_ints<T>(ctx.rank(), 0), x1 = small_ints<T>(ctx.rank(), 1);
+    auto same = [](const auto& got, const auto& want) {
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(i);
+        CHECK(same_bits(got[i], want[i]));
+      }
+    };
+    std::set<std::uint64_t> graphs;
+    for (std::uint32_t s : {0u, 1u, 0u, 2u, 2u, 1u, 0u}) {
+      CAPTURE(s);
+      salt = s;
+      const auto expected = fn(x0, x1);
+      auto g = cg::trace(fn, x0, x1);
+      graphs.insert(cg::structural_hash(g));
+      for (bool plan : {true, false})
+        for (bool pending : {false, true}) {
+          CAPTURE(plan);
+          CAPTURE(pending);
+          auto exe = cg::compile(g, ctx, {.memory_plan = plan, .pending_outputs = pending});
+          for (int call = 0; call < 2; ++call) same(exe(x0, x1), expected);
+        }
+      same(captured(x0, x1), expected);
+      same(passed(x0, x1, s), expected);
+      same(scheduled(x0, x1), expected);
+    }
+    CHECK(passed.compiles() == 3);  // one per value, found again later without tracing
+    CHECK(passed.traces() == 3);
+    CHECK(captured.compiles() == graphs.size());  // one per distinct program
+    CHECK(captured.traces() == 7);
+    if (graphs.size() > 1) salt_changes_graph = true;
+  });
+  return salt_changes_graph;
+}
+
+}  // namespace
+
+TEST_CASE("trace.property.no_cache_or_fast_path_differs_from_eager") {
+  int changed = 0, cases = 0;
+  for (int world : {1, 2, 3, 4}) {
+    for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+      CAPTURE(world);
+      CAPTURE(seed);
+      changed += no_stale_results<float>(world, seed * 307 + static_cast<std::uint64_t>(world), 24) ? 1 : 0;
+      changed += no_stale_results<std::int32_t>(world, seed * 401 + static_cast<std::uint64_t>(world), 24) ? 1 : 0;
+      cases += 2;
+    }
+  }
+  CHECK(cases == 16);
+  MESSAGE(changed, " of ", cases, " programs changed with the host value");
+  CHECK(changed >= cases / 2);  // the property is exercised, not vacuous
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -55,6 +56,26 @@ inline reduce_op parse_reduce_op(std::string_view name) {
 /// True for the bitwise reductions, which need integer or bool tensors.
 constexpr bool is_bitwise(reduce_op op) {
   return op == reduce_op::band || op == reduce_op::bor || op == reduce_op::bxor;
+}
+
+/// The reduction over bytes that gives `op`'s result on bool values sent as bytes holding 0 or
+/// 1 (NCCL has no bool type: bool travels as ncclUint8, as in c10d). sum and bor are "any"
+/// (max), product and band are "all" (min): a byte sum would count the trues and wrap to false
+/// at 256 of them (c10d maps sum to max; min for product also stays right for bytes other than
+/// 0 and 1). min and max are themselves. avg (no mean of bools) and bxor (no byte reduction
+/// gives parity) have none: std::nullopt.
+constexpr std::optional<reduce_op> bool_reduce_as_bytes(reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::max:
+    case reduce_op::bor: return reduce_op::max;
+    case reduce_op::product:
+    case reduce_op::min:
+    case reduce_op::band: return reduce_op::min;
+    case reduce_op::avg:
+    case reduce_op::bxor: break;
+  }
+  return std::nullopt;
 }
 
 /// A reduce op given as the enum or as a (case-insensitive) name: what collectives accept.

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
@@ -19,9 +21,24 @@ using shape_t = std::vector<std::int64_t>;
 /// Element strides of a tensor's dimensions.
 using strides_t = std::vector<std::int64_t>;
 
-/// Number of elements of a shape (1 for a scalar shape {}).
+/// Number of elements of a shape (1 for a scalar shape {}), for shapes that exist: every
+/// tensor's and node's shape was validated by checked_numel when it was made.
 inline std::int64_t numel_of(const shape_t& s) {
   return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>{});
+}
+
+/// `a * b` for sizes (both >= 0); false when the product exceeds 2^63 - 1 (`out` is then unset).
+inline bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t& out) {
+  if (a != 0 && b > std::numeric_limits<std::int64_t>::max() / a) return false;
+  out = a * b;
+  return true;
+}
+
+/// `a + b` for sizes (both >= 0); false when the sum exceeds 2^63 - 1 (`out` is then unset).
+inline bool checked_add(std::int64_t a, std::int64_t b, std::int64_t& out) {
+  if (b > std::numeric_limits<std::int64_t>::max() - a) return false;
+  out = a + b;
+  return true;
 }
 
 /// Row-major (contiguous) strides of a shape.
@@ -42,6 +59,31 @@ inline std::string shape_str(const shape_t& s) {
   for (std::size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
   os << ']';
   return os.str();
+}
+
+/// True when every size of `s` is >= 0 and the product of its nonzero sizes is at most
+/// 2^63 - 1: a shape whose element count and contiguous strides are representable.
+inline bool countable(const shape_t& s) {
+  std::int64_t nonzero = 1;
+  for (auto d : s)
+    if (d < 0 || (d != 0 && !checked_mul(nonzero, d, nonzero))) return false;
+  return true;
+}
+
+/// numel_of for a shape about to be created, validated: every size >= 0 and the product of
+/// the nonzero sizes at most 2^63 - 1 (so the element count and every contiguous stride are
+/// representable, even when a zero size makes the count 0). `what` names the call in the error,
+/// which shows the shape.
+inline std::int64_t checked_numel(const shape_t& s, std::string_view what) {
+  std::int64_t nonzero = 1;
+  bool empty = false;
+  for (auto d : s) {
+    CCGRAPH_CHECK(d >= 0, what, ": negative size in shape ", shape_str(s));
+    if (d == 0) empty = true;
+    else CCGRAPH_CHECK(checked_mul(nonzero, d, nonzero), what, ": shape ", shape_str(s),
+                       " has too many elements (the product of its sizes exceeds 2^63 - 1)");
+  }
+  return empty ? 0 : nonzero;
 }
 
 /// Prints any vector of integers as [a, b, c].

@@ -30,7 +30,9 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/env.hpp>
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/timeout.hpp>
 #include <ccgraph/cuda/block_cache.hpp>
 #include <ccgraph/cuda/compat.hpp>
 #include <ccgraph/cuda/current.hpp>
@@ -81,7 +83,8 @@ enum class copy_engine_all_reduce : std::uint8_t {
 struct nccl_options {
   /// How long a rank waits for its peers (communicator set-up, and any blocking wait on a
   /// collective) before its communicators are aborted and it fails with a timeout_error.
-  /// Defaults to $CCGRAPH_TIMEOUT_MS, else 300 s.
+  /// Must be positive; milliseconds::max() waits forever. Defaults to $CCGRAPH_TIMEOUT_MS,
+  /// else 300 s.
   std::chrono::milliseconds timeout = default_timeout();
 
   /// Most thread blocks (SMs) one collective may use, 0 for NCCL's choice (NCCL_MAX_CTAS
@@ -110,7 +113,8 @@ struct nccl_options {
   /// The smallest all_reduce (bytes) `copy_engine` applies to: below it NCCL's latency wins.
   std::size_t copy_engine_min_bytes = std::size_t{1} << 20;
 
-  /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
+  /// $CCGRAPH_TIMEOUT_MS if set (a positive whole number of milliseconds, else an error naming
+  /// it), else 300 s.
   static std::chrono::milliseconds default_timeout() { return ::ccgraph::detail::default_timeout(); }
 
   /// $CCGRAPH_COLLECTIVE_STREAM if it names a collective_stream, else `automatic`; any other
@@ -134,15 +138,7 @@ struct nccl_options {
   /// first); any other value is an error naming the variable, the value and the choices.
   template <class E>
   static E env_choice(const char* name, std::initializer_list<std::pair<std::string_view, E>> choices) {
-    const char* v = std::getenv(name);
-    const std::string_view s = v ? v : "";
-    if (s.empty()) return choices.begin()->second;
-    std::string names;
-    for (const auto& [n, e] : choices) {
-      if (s == n) return e;
-      names += (names.empty() ? "" : ", ") + std::string(n);
-    }
-    CCGRAPH_THROW(::ccgraph::error, "nccl_options: ", name, " is \"", s, "\"; expected one of ", names);
+    return ::ccgraph::detail::env_choice(name, choices);
   }
 
   /// $CCGRAPH_GEMM_SM_CARVEOUT if set to a number from 0 to 1024, else 0.
@@ -175,8 +171,17 @@ inline ncclDataType_t nccl_dtype(dtype dt) {
   CCGRAPH_THROW(::ccgraph::error, "nccl: unsupported dtype ", dt);
 }
 
-/// The NCCL reduction of `op`; NCCL has no bitwise reductions.
-inline ncclRedOp_t nccl_redop(reduce_op op, const char* what) {
+/// The NCCL reduction of `op` on elements of type `dt`. bool travels as bytes (nccl_dtype), so
+/// its reductions become the byte ones that give bool results (bool_reduce_as_bytes: sum is
+/// max, product min, as c10d does for sum; a byte sum would wrap to false at 256 trues). NCCL
+/// has no bitwise reductions: band, bor and bxor are errors, except band and bor on bool.
+inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
+  if (dt == dtype::boolean) {
+    const std::optional<reduce_op> bytes = bool_reduce_as_bytes(op);
+    CCGRAPH_CHECK(bytes.has_value(), what, ": reduce op ", op,
+                  " on bool tensors is not supported by NCCL (it has sum, product, min, max, band, bor for bool)");
+    op = *bytes;
+  }
   switch (op) {
     case reduce_op::sum: return ncclSum;
     case reduce_op::avg: return ncclAvg;
@@ -226,9 +231,10 @@ class local_id_exchange final : public id_exchange {
       cv_.notify_all();
       return id;
     }
-    if (!cv_.wait_for(lk, timeout, [&] { return ids_.count(key) != 0 || aborted_; }) || aborted_)
+    const auto deadline = ::ccgraph::detail::deadline_after(std::chrono::steady_clock::now(), timeout);
+    if (!cv_.wait_until(lk, deadline, [&] { return ids_.count(key) != 0 || aborted_; }) || aborted_)
       CCGRAPH_THROW(::ccgraph::timeout_error, "nccl: communicator ", key, " was not created by its first rank within ",
-                    timeout.count(), " ms");
+                    ::ccgraph::detail::timeout_text(timeout));
     return ids_.at(key);
   }
   /// Wakes every waiter with an error (a rank failed).
@@ -316,7 +322,8 @@ class gpu_world {
     std::unique_lock lk(mu_);
     ++finished_;
     cv_.notify_all();
-    return cv_.wait_for(lk, timeout, [&] { return aborted_ || finished_ >= n; }) && !aborted_;
+    const auto deadline = ::ccgraph::detail::deadline_after(std::chrono::steady_clock::now(), timeout);
+    return cv_.wait_until(lk, deadline, [&] { return aborted_ || finished_ >= n; }) && !aborted_;
   }
 
  private:
@@ -433,7 +440,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         device_(device),
         ids_(std::move(ids)),
         world_(std::move(world)),
-        opt_(opt),
+        // Checked before the stream below is made: a bad option costs no CUDA resource.
+        opt_((::ccgraph::detail::check_timeout("nccl_options::timeout", opt.timeout), opt)),
         comm_stream_(make_comm_stream()),
         events_(std::make_shared<event_pool>()) {
     watchdog_.check = [this](std::chrono::steady_clock::duration waited, const char* what) {
@@ -466,16 +474,19 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// The watchdog blocking waits on this rank's threads poll.
   wait_watchdog* watchdog() { return &watchdog_; }
 
-  /// The communicator of the group `ranks` (global ranks, in group order), made on first use:
-  /// every member must ask for it (they do, by calling a collective on the group). When the
-  /// group is one part of `partition`, a partition of the world whose every rank asks at once
-  /// (a mesh dimension), it is split from the world's communicator by ncclCommSplit; any other
-  /// group is set up from an NCCL id its members exchange, since ranks outside it never call.
-  ncclComm_t comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition = {}) {
-    auto it = comms_.find(ranks);
+  /// The communicator of the group `ranks` (global ranks, in group order) tagged `tag`, made on
+  /// first use: every member must ask for it (they do, by calling a collective on the group).
+  /// Each (ranks, tag) has its own, as each c10d process group has. When the group is one part
+  /// of `partition`, a partition of the world whose every rank asks at once (a mesh dimension),
+  /// it is split from the world's communicator by ncclCommSplit; any other group is set up from
+  /// an NCCL id its members exchange, since ranks outside it never call.
+  ncclComm_t comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition = {},
+                      const std::string& tag = {}) {
+    auto it = comms_.find({ranks, tag});
     if (it != comms_.end()) return it->second.data ? it->second.data.get() : it->second.setup.get();
     std::string key = "nccl/";
     for (std::size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
+    if (!tag.empty()) key += "#" + tag;
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
     CCGRAPH_CHECK(pos < static_cast<std::ptrdiff_t>(ranks.size()), "nccl: rank ", rank_,
                   " is not in group ", key);
@@ -483,7 +494,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t c = nullptr;
-    const auto world = comms_.find(world_ranks_);
+    const auto world = comms_.find({world_ranks_, std::string()});
     const bool split = !partition.empty() && world != comms_.end() && world->second.setup;
     const std::string what = (split ? "ncclCommSplit(world -> " : "ncclCommInitRankConfig(") + key + ")";
     ncclResult_t r = ncclSuccess;
@@ -495,7 +506,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       r = ncclCommInitRankConfig(&c, static_cast<int>(ranks.size()), id, static_cast<int>(pos), &cfg);
     }
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
-    comm_pair& pair = comms_[ranks];
+    comm_pair& pair = comms_[{ranks, tag}];
     pair.setup = nccl_comm(c);  // owned before waiting, so a timeout's abort reaches it
     if (split) settle(world->second.setup.get(), what.c_str());
     settle(c, what.c_str());
@@ -518,9 +529,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// The communicator for overlapped collectives of group `ranks`: a blocking child of its
   /// set-up communicator capped at overlap_sms CTAs, made on the group's first overlapped
   /// collective (which every member reaches, as the hint comes from the graph).
-  ncclComm_t overlap_comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition) {
-    const ncclComm_t data = comm_for(ranks, partition);
-    comm_pair& pair = comms_.at(ranks);
+  ncclComm_t overlap_comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition,
+                              const std::string& tag) {
+    const ncclComm_t data = comm_for(ranks, partition, tag);
+    comm_pair& pair = comms_.at({ranks, tag});
     if (pair.overlap) return pair.overlap.get();
     if (!pair.data) return data;  // CCGRAPH_NCCL_NONBLOCKING=1: one communicator per group
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
@@ -545,7 +557,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const char* what = std::visit([](const auto& o) { return o.name.data(); }, req->op);
     // A copy-engine all_reduce always runs on the communication stream: the channel's flags
     // need one order of its all_reduces on each rank, and two streams could run them at once.
-    const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count(req->group.ranks);
+    const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
     const bool on_caller = !ce && (opt_.placement == collective_stream::caller ||
                                    (opt_.placement == collective_stream::automatic &&
                                     req->overlap == ::ccgraph::detail::overlap_hint::none));
@@ -565,8 +577,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
                      in.meta.dtype, std::get<ops::all_reduce>(req->op).op, s);
       ++copy_engine_launched_;
     } else {
-      ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition)
-                            : comm_for(req->group.ranks, req->group.partition);
+      ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition, req->group.tag)
+                            : comm_for(req->group.ranks, req->group.partition, req->group.tag);
       // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
       // is its own group, without the explicit one's extra host cost.
       // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
@@ -603,6 +615,15 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Collectives this rank launched on its communication stream ([0]) and on the caller's
   /// stream ([1]), recorded ones counted when recorded.
   std::array<std::uint64_t, 2> launched() const { return {launched_[0], launched_[1]}; }
+
+  /// The groups this rank has a communicator for, as (ranks, tag): one per group it ran a
+  /// collective on (the world's from the start), two groups of the same ranks with different
+  /// tags included.
+  std::vector<std::pair<std::vector<int>, std::string>> communicators() const {
+    std::vector<std::pair<std::vector<int>, std::string>> out;
+    for (const auto& [k, c] : comms_) out.push_back(k);
+    return out;
+  }
 
   /// All_reduces this rank ran on a copy-engine channel (recorded ones counted when recorded).
   std::uint64_t copy_engine_launched() const { return copy_engine_launched_; }
@@ -685,6 +706,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     std::shared_ptr<::ccgraph::detail::collective_request> req;  // for the timeout's message
     std::size_t bytes = 0;  // of its buffers
   };
+  /// What a group's communicators are kept by: its ranks and its tag.
+  using comm_key = std::pair<std::vector<int>, std::string>;
   /// A group's communicators: the non-blocking one it was set up with and the blocking child
   /// its collectives run on.
   struct comm_pair {
@@ -738,10 +761,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         abort_comms();
         fail_if_aborted();
       }
-      if (std::chrono::steady_clock::now() - start > opt_.timeout) {
+      if (::ccgraph::detail::past_timeout(std::chrono::steady_clock::now() - start, opt_.timeout)) {
         abort_comms();
         local_failure_ = ::ccgraph::detail::concat("rank ", rank_, ": ", what, " did not complete within ",
-                                                   opt_.timeout.count(), " ms (a peer never arrived)");
+                                                   ::ccgraph::detail::timeout_text(opt_.timeout), " (a peer never arrived)");
         CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
       }
       std::this_thread::yield();
@@ -808,7 +831,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
         ::ccgraph::cuda::detail::throw_nccl_error(st, what, __FILE__, __LINE__);
       }
     }
-    if (waited <= opt_.timeout) return;
+    if (!::ccgraph::detail::past_timeout(waited, opt_.timeout)) return;
     std::string pending = "none";
     for (auto& f : inflight_)
       if (cudaEventQuery(f.done.get()) != cudaSuccess) {
@@ -817,7 +840,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       }
     abort_comms();
     local_failure_ = ::ccgraph::detail::concat("rank ", rank_, ": ", what, " waited more than ",
-                                               opt_.timeout.count(), " ms; oldest unfinished collective: ",
+                                               ::ccgraph::detail::timeout_text(opt_.timeout), "; oldest unfinished collective: ",
                                                pending, " (a peer never issued it or died)");
     CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
   }
@@ -836,24 +859,25 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// them first), so each rank runs a channel's all_reduces in one order.
   const peer_channel* channel_for(const ::ccgraph::detail::collective_request& req, cudaStream_t s, bool in_capture) {
     const auto& ranks = req.group.ranks;
-    if (no_channel_.count(ranks)) return nullptr;
+    const comm_key key{ranks, req.group.tag};
+    if (no_channel_.count(key)) return nullptr;
     const auto& in = req.inputs[0];
     const std::size_t bytes = static_cast<std::size_t>(numel_of(in.meta.shape)) * element_size(in.meta.dtype);
-    auto it = channels_.find(ranks);
+    auto it = channels_.find(key);
     if (it != channels_.end() && it->second->capacity() >= bytes) return it->second.get();
     if (in_capture) return nullptr;
-    const ncclComm_t c = comm_for(ranks, req.group.partition);
+    const ncclComm_t c = comm_for(ranks, req.group.partition, req.group.tag);
     device_scope scope(device_);
     if (it == channels_.end()) {
       auto ch = peer_channel::open(c, req.group.index_of(rank_), device_, bytes, s);
       if (!ch) {
-        no_channel_.insert(ranks);
+        no_channel_.insert(key);
         return nullptr;
       }
-      return channels_.emplace(ranks, std::move(ch)).first->second.get();
+      return channels_.emplace(key, std::move(ch)).first->second.get();
     }
     if (!it->second->reserve(c, bytes, s)) {
-      no_channel_.insert(ranks);
+      no_channel_.insert(key);
       return nullptr;
     }
     return it->second.get();
@@ -887,14 +911,14 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
             const auto& out = req.outputs[i];
             const ncclDataType_t dt = nccl_dtype(in.meta.dtype);
             if constexpr (std::is_same_v<O, ops::all_reduce> || std::is_same_v<O, ops::all_reduce_coalesced>) {
-              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, what), c, s));
+              CCGRAPH_CHECK_NCCL(ncclAllReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::all_gather_into_tensor> ||
                                  std::is_same_v<O, ops::all_gather_into_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(ncclAllGather(buffer_ptr(in), buffer_ptr(out), numel(in), dt, c, s));
             } else if constexpr (std::is_same_v<O, ops::reduce_scatter_tensor> ||
                                  std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(
-                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, what), c, s));
+                  ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
             } else if constexpr (std::is_same_v<O, ops::broadcast>) {
               CCGRAPH_CHECK_NCCL(ncclBroadcast(buffer_ptr(in), buffer_ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
             } else {
@@ -938,9 +962,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   stream comm_stream_;
   event ready_;  // orders the communication stream after the producer; re-recorded per launch
   std::shared_ptr<event_pool> events_;
-  std::map<std::vector<int>, comm_pair> comms_;
-  std::map<std::vector<int>, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
-  std::set<std::vector<int>> no_channel_;  // groups whose ranks cannot have one
+  std::map<comm_key, comm_pair> comms_;
+  std::map<comm_key, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
+  std::set<comm_key> no_channel_;  // groups whose ranks cannot have one
   std::uint64_t copy_engine_launched_ = 0;
   std::deque<inflight> inflight_;
   // CCGRAPH_NCCL_NONBLOCKING=1: collectives run on the non-blocking set-up communicators.

@@ -2,12 +2,14 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -19,7 +21,9 @@
 namespace ccgraph {
 
 /// The canonical form every group description resolves to, for one calling rank: the sorted
-/// member ranks and a name ("0" for the world, a registered name, or the rank list).
+/// member ranks, a name ("0" for the world, a registered name, or the rank list) and a tag.
+/// The ranks and the tag are the group's identity: two groups over the same ranks with
+/// different tags are two groups (two communicators on NCCL, as c10d's group tags give).
 struct group_info {
   std::string name;
   std::vector<int> ranks;
@@ -28,6 +32,10 @@ struct group_info {
   /// of the world calls the collective at once, each on its own part, which lets a backend
   /// split the world's communicator instead of setting up one from scratch.
   std::vector<std::vector<int>> partition{};
+  /// The tag (funcol's `tag`): empty for the default group of these ranks; any other string
+  /// names another group over the same ranks, with its own communicator and its own sequence
+  /// of collectives.
+  std::string tag{};
 
   /// Number of members.
   int size() const { return static_cast<int>(ranks.size()); }
@@ -36,11 +44,55 @@ struct group_info {
     auto it = std::find(ranks.begin(), ranks.end(), rank);
     return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
   }
-  friend bool operator==(const group_info& a, const group_info& b) { return a.ranks == b.ranks; }
+  /// The name as graphs and messages print it: "[0, 1]", or "[0, 1]:fsdp_rs" with a tag.
+  std::string label() const { return tag.empty() ? name : name + ":" + tag; }
+  /// Same ranks and same tag (the name is how it was written, not what it is).
+  friend bool operator==(const group_info& a, const group_info& b) { return a.ranks == b.ranks && a.tag == b.tag; }
 };
 
 inline std::ostream& operator<<(std::ostream& os, const group_info& g) {
-  return os << g.name;
+  return os << g.label();
+}
+
+/// Checks that `rank` of a world of `world_size` ranks can issue a collective over `g`: the
+/// members are canonical (sorted, distinct) ranks of the world, `rank` is one of them, and a
+/// partition (MPMD lists, a mesh dimension) splits exactly this world, with `g` one of its
+/// parts. A group resolved on this world always passes; a group recorded elsewhere (a graph
+/// traced for another world or rank) may not, and a backend must never see it. `what` names
+/// the collective: "all_reduce: group [0, 1, 2, 3] does not fit a world of 2 ranks (rank 1)".
+inline void check_group_fits(std::string_view what, const group_info& g, int rank, int world_size) {
+  CCGRAPH_CHECK(!g.ranks.empty(), what, ": empty group (rank ", rank, ", world of ", world_size, " ranks)");
+  for (std::size_t i = 0; i < g.ranks.size(); ++i)
+    CCGRAPH_CHECK(g.ranks[i] >= 0 && g.ranks[i] < world_size, what, ": group ", list_str(g.ranks),
+                  " does not fit a world of ", world_size, " ranks (rank ", rank, ")");
+  CCGRAPH_CHECK(std::adjacent_find(g.ranks.begin(), g.ranks.end(), std::greater_equal<>{}) == g.ranks.end(),
+                what, ": group ", list_str(g.ranks), " is not a sorted list of distinct ranks (rank ",
+                rank, ", world of ", world_size, " ranks)");
+  CCGRAPH_CHECK(std::binary_search(g.ranks.begin(), g.ranks.end(), rank), what, ": rank ", rank,
+                " is not a member of group ", list_str(g.ranks), " (world of ", world_size, " ranks)");
+  if (g.partition.empty()) return;
+  // Every rank of the world in exactly one part, and this group one of the parts.
+  std::vector<char> seen(static_cast<std::size_t>(world_size), 0);
+  std::size_t covered = 0;
+  bool mine = false;
+  auto parts = [&] {
+    std::string p = "[";
+    for (std::size_t i = 0; i < g.partition.size(); ++i) p += (i ? ", " : "") + list_str(g.partition[i]);
+    return p + "]";
+  };
+  for (const auto& part : g.partition) {
+    for (int r : part) {
+      CCGRAPH_CHECK(r >= 0 && r < world_size && !seen[static_cast<std::size_t>(r)], what,
+                    ": the partition ", parts(), " of group ", list_str(g.ranks),
+                    " does not split a world of ", world_size, " ranks (rank ", rank, ")");
+      seen[static_cast<std::size_t>(r)] = 1;
+      ++covered;
+    }
+    mine = mine || part == g.ranks;
+  }
+  CCGRAPH_CHECK(covered == static_cast<std::size_t>(world_size) && mine, what, ": the partition ",
+                parts(), " of group ", list_str(g.ranks), " does not split a world of ", world_size,
+                " ranks (rank ", rank, ")");
 }
 
 /// Names registered with a world: "0" is the world group. Shared by every rank of the world,
@@ -110,12 +162,18 @@ class group_registry {
 };
 
 /// A group as users write it: a rank list, a list of rank lists (MPMD: each rank uses the list
-/// it is in), a device mesh, a (mesh, dim) pair, or a registered name. `resolve` turns any of
-/// them into the same canonical group_info, so every form of one group behaves identically.
+/// it is in), a device mesh, a (mesh, dim) pair, or a registered name, each with an optional
+/// tag. `resolve` turns any of them into the same canonical group_info, so every form of one
+/// group behaves identically.
 class group {
  public:
   /// The ranks in `ranks`.
   group(std::vector<int> ranks) : desc_(std::move(ranks)) {}  // NOLINT: implicit, like PyTorch
+  /// The ranks in `ranks`, as the group tagged `tag`: another group than the untagged one (or
+  /// one of another tag) over the same ranks, with its own communicator, like two c10d process
+  /// groups over the same ranks:
+  ///   cg::group{{0, 1}, "fsdp_ag"}, cg::group{{0, 1}, "fsdp_rs"}
+  group(std::vector<int> ranks, std::string tag) : desc_(std::move(ranks)), tag_(std::move(tag)) {}
   /// MPMD: the sub-list containing the calling rank. All sub-lists must have one size.
   group(std::vector<std::vector<int>> lists) : desc_(check_mpmd(std::move(lists))) {}  // NOLINT
   /// All ranks of a mesh.
@@ -129,6 +187,16 @@ class group {
   group(std::string name) : desc_(std::move(name)) {}  // NOLINT: implicit
   /// A name registered with the world ("0" is the world).
   group(const char* name) : desc_(std::string(name)) {}  // NOLINT: implicit
+
+  /// This group (in whatever form) with tag `tag` instead of its own:
+  ///   cg::group{mesh, "dp"}.tagged("fsdp_rs")
+  group tagged(std::string tag) const {
+    group g = *this;
+    g.tag_ = std::move(tag);
+    return g;
+  }
+  /// The tag (empty: the default group of its ranks).
+  const std::string& tag() const noexcept { return tag_; }
 
   /// The canonical group for `rank`. `what` names the calling collective in errors, such as a
   /// rank calling a collective on a group it is not a member of.
@@ -153,7 +221,7 @@ class group {
         std::vector<std::vector<int>> parts;
         for (auto& l : *lists) parts.push_back(group_registry::canonical_ranks(l, reg.world_size(), what));
         std::string name = reg.name_of(ranks);
-        return {std::move(name), std::move(ranks), std::move(parts)};
+        return {std::move(name), std::move(ranks), std::move(parts), tag_};
       }
     } else {
       ranks = reg.find(std::get<std::string>(desc_));
@@ -161,7 +229,7 @@ class group {
     CCGRAPH_CHECK(std::find(ranks.begin(), ranks.end(), rank) != ranks.end(), what, ": rank ",
                   rank, " is not a member of group ", list_str(ranks));
     std::string name = reg.name_of(ranks);
-    return {std::move(name), std::move(ranks), {}};
+    return {std::move(name), std::move(ranks), {}, tag_};
   }
 
   /// The group size, without a calling rank (every MPMD sub-list has the same size); -1 for a
@@ -194,6 +262,7 @@ class group {
   }
 
   std::variant<std::vector<int>, lists_t, std::string> desc_;
+  std::string tag_;
 };
 
 }  // namespace ccgraph

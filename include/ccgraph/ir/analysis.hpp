@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <boost/hana/accessors.hpp>
+#include <boost/hana/equal.hpp>
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/second.hpp>
 
@@ -83,9 +84,43 @@ inline std::uint64_t structural_hash(const graph& g) {
       h.add(a.index);
     }
     h.add(n->metas());
-    if (n->group()) h.add(n->group()->ranks);
+    if (n->group()) {
+      h.add(n->group()->ranks);
+      h.add(n->group()->tag);
+    }
   }
   return h.h;
+}
+
+/// True when `a` and `b` are the same program: node for node the same op with equal attributes,
+/// the same arguments (by position), metas and groups (ranks and tag); node names do not
+/// matter. What structural_hash hashes, compared exactly (no collisions): a cache that finds a
+/// graph by its hash confirms the hit with this.
+inline bool structurally_equal(const graph& a, const graph& b) {
+  const auto& na = a.nodes();
+  const auto& nb = b.nodes();
+  if (na.size() != nb.size()) return false;
+  for (std::size_t i = 0; i < na.size(); ++i) {
+    const node& x = *na[i];
+    const node& y = *nb[i];
+    if (x.kind().index() != y.kind().index() || x.args().size() != y.args().size() || x.metas() != y.metas() ||
+        x.group().has_value() != y.group().has_value())
+      return false;
+    if (x.group() && (x.group()->ranks != y.group()->ranks || x.group()->tag != y.group()->tag)) return false;
+    for (std::size_t k = 0; k < x.args().size(); ++k) {
+      const value_ref& u = x.args()[k];
+      const value_ref& v = y.args()[k];
+      if (u.index != v.index || a.position(u.src) != b.position(v.src)) return false;
+    }
+    const bool same_attributes = std::visit(
+        [&](const auto& o) {
+          using O = std::decay_t<decltype(o)>;
+          return bool(boost::hana::equal(o, std::get<O>(y.kind())));
+        },
+        x.kind());
+    if (!same_attributes) return false;
+  }
+  return true;
 }
 
 /// Checks what FX's lint checks (arguments defined before use and owned by the graph, unique

@@ -195,7 +195,7 @@ class graph {
     for (auto& a : args) check_owned(a.src, "set_args");
     for (auto& a : n->args_) detach_user(a.src, n);
     n->args_ = std::move(args);
-    for (auto& a : n->args_) attach_user(a.src, n);
+    attach_to_sources(n);
   }
   /// Makes every reader of `from` read `to` instead (same meta required).
   void replace_all_uses(value_ref from, value_ref to) {
@@ -223,6 +223,34 @@ class graph {
     auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](auto& p) { return p.get() == n; });
     nodes_.erase(it);
     reindex(pos);
+  }
+  /// Removes every node of `ns` at once: O(V + E), where erasing them one by one costs O(V)
+  /// each. Refuses, changing nothing, while a node not in `ns` still reads one of them.
+  void erase(const std::vector<node*>& ns) {
+    if (ns.empty()) return;
+    std::vector<char> gone(order_.size(), 0);  // by position
+    for (node* n : ns) {
+      check_owned(n, "erase");
+      gone[n->pos_] = 1;
+    }
+    for (node* n : ns)
+      for (node* u : n->users_)
+        CCGRAPH_CHECK(gone[u->pos_], "erase: node %", n->name(), " (", n->op(), ") is still read by %", u->name());
+    // Each source that loses readers filters its users list once.
+    std::vector<node*> sources;
+    for (node* n : ns)
+      for (auto& a : n->args_)
+        if (!gone[a.src->pos_]) sources.push_back(a.src);
+    std::sort(sources.begin(), sources.end());
+    sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
+    auto is_gone = [&](const node* u) { return gone[u->pos_] != 0; };
+    for (node* s : sources) s->users_.erase(std::remove_if(s->users_.begin(), s->users_.end(), is_gone), s->users_.end());
+    for (node* n : ns) names_.erase(n->name_);
+    order_.erase(std::remove_if(order_.begin(), order_.end(), is_gone), order_.end());
+    // (a kept node is tested before it moves; an erased one is freed when overwritten)
+    nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return is_gone(p.get()); }),
+                 nodes_.end());
+    reindex(0);
   }
   /// Puts the nodes in `order`, which must hold each node once and respect every dependency
   /// (what schedulers call).
@@ -304,9 +332,23 @@ class graph {
                   ": node is not owned by this graph", n ? " (%" + n->name() + ")" : std::string());
   }
 
-  static void attach_user(node* src, node* user) {
-    if (std::find(src->users_.begin(), src->users_.end(), user) == src->users_.end())
-      src->users_.push_back(user);
+  /// Lists `n` once with each distinct source of its arguments. `n` is in no users list when
+  /// called (set_args detached it), so only repeats among its own arguments are skipped: a scan
+  /// for a few arguments, a set for many (a coalesced collective of thousands of inputs).
+  static void attach_to_sources(node* n) {
+    const auto& args = n->args_;
+    if (args.size() <= 16) {
+      for (std::size_t i = 0; i < args.size(); ++i) {
+        bool repeat = false;
+        for (std::size_t j = 0; j < i && !repeat; ++j) repeat = args[j].src == args[i].src;
+        if (!repeat) args[i].src->users_.push_back(n);
+      }
+      return;
+    }
+    std::unordered_set<const node*> seen;
+    seen.reserve(args.size());
+    for (auto& a : args)
+      if (seen.insert(a.src).second) a.src->users_.push_back(n);
   }
   static void detach_user(node* src, node* user) {
     auto& u = src->users_;

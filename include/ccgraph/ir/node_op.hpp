@@ -68,7 +68,7 @@ inline node_op to_node_op(const ops::collective_op& c) {
 /// messages as the eager calls.
 inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tensor_meta>& in,
                                       const std::optional<group_info>& group) {
-  return std::visit(
+  auto out = std::visit(
       [&](const auto& o) -> std::vector<tensor_meta> {
         using O = std::decay_t<decltype(o)>;
         if constexpr (is_collective_op_v<O>) {
@@ -92,6 +92,11 @@ inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tenso
         }
       },
       op);
+  // Every value a graph holds has a countable shape (a broadcast or matmul can outgrow its
+  // inputs), so sizes and plans computed from it never overflow.
+  for (const auto& m : out)
+    (void)checked_numel(m.shape, std::visit([](const auto& o) { return std::decay_t<decltype(o)>::name; }, op));
+  return out;
 }
 
 }  // namespace ccgraph

@@ -72,7 +72,7 @@ inline std::string call_str(const node& n) {
         }
       },
       n.kind());
-  if (n.group()) sep(), os << "group=" << n.group()->name;
+  if (n.group()) sep(), os << "group=" << n.group()->label();
   os << ')';
   return os.str();
 }
@@ -144,7 +144,7 @@ inline std::string to_dot(const graph& g) {
                             : "lightblue";
     os << "  \"" << n->name() << "\" [label=\"%" << n->name() << "\\n" << op;
     if (n->num_outputs()) os << "\\n" << detail::metas_str(*n);
-    if (n->group()) os << "\\ngroup=" << n->group()->name;
+    if (n->group()) os << "\\ngroup=" << n->group()->label();
     os << "\", style=filled, fillcolor=" << color << "];\n";
   }
   for (const node* n : g.nodes())

@@ -100,8 +100,23 @@ inline tensor_meta gather_meta(std::string_view what, const tensor_meta& in, int
                                std::size_t index = 0, bool coalesced = false) {
   check_has_dim0(what, in, coalesced ? " for tensor at index " + std::to_string(index) : std::string());
   tensor_meta out = in;
-  out.shape[0] *= n;
+  CCGRAPH_CHECK(checked_mul(in.shape[0], n, out.shape[0]), what, ": dim 0 (size ", in.shape[0],
+                ") times group_size ", n, " exceeds 2^63 - 1");
+  (void)checked_numel(out.shape, what);
   return out;
+}
+
+/// The sum of all_to_all split sizes `splits` (called `label` in errors): each >= 0, the sum
+/// at most 2^63 - 1.
+inline std::int64_t sum_splits(std::string_view what, const std::vector<std::int64_t>& splits,
+                               const char* label) {
+  std::int64_t sum = 0;
+  for (auto v : splits) {
+    CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(splits));
+    CCGRAPH_CHECK(checked_add(sum, v, sum), what, ": ", label, " ", list_str(splits),
+                  " sum past 2^63 - 1");
+  }
+  return sum;
 }
 
 inline tensor_meta scatter_meta(std::string_view what, const tensor_meta& in, int n,
@@ -150,13 +165,15 @@ inline std::vector<tensor_meta> infer(const collective_op& op, const std::vector
                         list_str(is), " has ", is.size(), " entries for group_size ", n);
           CCGRAPH_CHECK(static_cast<int>(os.size()) == n, what, ": output_split_sizes ",
                         list_str(os), " has ", os.size(), " entries for group_size ", n);
-          for (auto v : is) CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(is));
-          for (auto v : os) CCGRAPH_CHECK(v >= 0, what, ": negative split in ", list_str(os));
-          const auto isum = std::accumulate(is.begin(), is.end(), std::int64_t{0});
+          const auto isum = detail::sum_splits(what, is, "input_split_sizes");
+          const auto osum = detail::sum_splits(what, os, "output_split_sizes");
           CCGRAPH_CHECK(isum == in[0].shape[0], what, ": input_split_sizes ", list_str(is),
                         " sum to ", isum, " but the input's dim 0 has size ", in[0].shape[0]);
           tensor_meta out = in[0];
-          out.shape[0] = std::accumulate(os.begin(), os.end(), std::int64_t{0});
+          out.shape[0] = osum;
+          CCGRAPH_CHECK(countable(out.shape), what, ": output_split_sizes ", list_str(os),
+                        " make an output of shape ", shape_str(out.shape),
+                        ", which has too many elements (the product of its sizes exceeds 2^63 - 1)");
           return {out};
         } else if constexpr (std::is_same_v<O, broadcast>) {
           detail::check_one_input(what, in.size());
@@ -203,20 +220,22 @@ inline std::string describe(const collective_op& op, const std::vector<tensor_me
         });
       },
       op);
-  os << ", group=" << list_str(g.ranks) << ')';
+  os << ", group=" << list_str(g.ranks) << (g.tag.empty() ? "" : ":") << g.tag << ')';
   return os.str();
 }
 
-/// What every member of one collective must agree on: the op and its attributes, the group,
-/// and the input metas, except for what legitimately differs per rank (all_to_all_single's split
-/// sizes and dim 0). Compared structurally (Hana's generic equality), formatted only for errors.
+/// What every member of one collective must agree on: the op and its attributes, the group
+/// (ranks and tag), and the input metas, except for what legitimately differs per rank
+/// (all_to_all_single's split sizes and dim 0). Compared structurally (Hana's generic
+/// equality), formatted only for errors.
 struct signature {
   collective_op op;
   std::vector<int> ranks;
   std::vector<tensor_meta> inputs;
+  std::string tag;
 
   signature(const collective_op& o, const std::vector<tensor_meta>& in, const group_info& g)
-      : op(o), ranks(g.ranks), inputs(in) {
+      : op(o), ranks(g.ranks), inputs(in), tag(g.tag) {
     if (std::holds_alternative<all_to_all_single>(op)) {
       op = all_to_all_single{};
       for (auto& m : inputs)
@@ -224,7 +243,8 @@ struct signature {
     }
   }
   friend bool operator==(const signature& a, const signature& b) {
-    if (a.op.index() != b.op.index() || a.ranks != b.ranks || a.inputs != b.inputs) return false;
+    if (a.op.index() != b.op.index() || a.ranks != b.ranks || a.tag != b.tag || a.inputs != b.inputs)
+      return false;
     return std::visit(
         [&](const auto& x) {
           return bool(boost::hana::equal(x, std::get<std::decay_t<decltype(x)>>(b.op)));
@@ -233,7 +253,7 @@ struct signature {
   }
   /// The call-shaped description, with "?" for the parts allowed to differ.
   std::string str() const {
-    auto s = describe(op, inputs, group_info{"", ranks, {}});
+    auto s = describe(op, inputs, group_info{"", ranks, {}, tag});
     for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
     return s;
   }

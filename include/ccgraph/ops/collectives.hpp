@@ -41,6 +41,9 @@ std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, op
                                          group_info gi, const std::vector<tensor<T>>& inputs,
                                          const std::vector<tensor<T>>* into = nullptr,
                                          overlap_hint overlap = overlap_hint::unknown) {
+  // Before anything reaches a backend, which indexes its peers by the group's ranks: a graph
+  // traced for another world or rank carries groups this rank cannot run.
+  check_group_fits(what, gi, ctx.rank(), ctx.world_size());
   auto req = std::make_shared<collective_request>();
   req->group = std::move(gi);
   req->overlap = overlap;
@@ -68,7 +71,13 @@ std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, op
       outs.push_back(o);
     }
   } else {
-    for (auto& m : out_metas) outs.push_back(tensor<T>::empty(m.shape, ctx.device()));
+    for (std::size_t k = 0; k < out_metas.size(); ++k) {
+      try {
+        outs.push_back(tensor<T>::empty(out_metas[k].shape, ctx.device(), what));
+      } catch (const error& e) {  // say which collective, with the attributes (split sizes) that sized it
+        CCGRAPH_THROW(error, e.what(), " (output ", k, " of ", ops::describe(op, metas, req->group), ")");
+      }
+    }
   }
   for (auto& o : outs) req->outputs.push_back(to_buffer(o));
   req->op = std::move(op);
@@ -321,7 +330,9 @@ std::remove_cvref_t<D> all_gather_into_tensor(D&& out, const std::remove_cvref_t
   using V = std::remove_cvref_t<D>;
   shape_t expected = in.shape();
   CCGRAPH_CHECK(!expected.empty(), "all_gather_into_tensor: the input must have at least one dimension");
-  expected[0] *= detail::group_size_of<V>(g, "all_gather_into_tensor");
+  const int n = detail::group_size_of<V>(g, "all_gather_into_tensor");
+  CCGRAPH_CHECK(checked_mul(in.shape()[0], n, expected[0]), "all_gather_into_tensor: dim 0 (size ",
+                in.shape()[0], ") times group_size ", n, " exceeds 2^63 - 1");
   // Checked before launching, so no peer is left waiting on a collective we then abandon.
   detail::check_out_shape("all_gather_into_tensor", out.shape(), expected);
   auto r = all_gather_tensor(in, 0, g);
@@ -349,10 +360,8 @@ std::remove_cvref_t<D> all_to_all_single_(D&& out, const std::remove_cvref_t<D>&
                      std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g) {
   shape_t expected = in.shape();
   CCGRAPH_CHECK(!expected.empty(), "all_to_all_single: the input must have at least one dimension");
-  if (output_split_sizes) {
-    expected[0] = 0;
-    for (auto v : *output_split_sizes) expected[0] += v;
-  }
+  if (output_split_sizes)
+    expected[0] = ops::detail::sum_splits("all_to_all_single", *output_split_sizes, "output_split_sizes");
   detail::check_out_shape("all_to_all_single", out.shape(), expected);
   auto r = all_to_all_single(in, std::move(output_split_sizes), std::move(input_split_sizes), g);
   return detail::copy_into(std::forward<D>(out), r);

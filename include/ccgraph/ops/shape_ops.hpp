@@ -31,8 +31,10 @@ inline shape_t cat_shape(const std::vector<shape_t>& shapes, std::int64_t dim, i
       CCGRAPH_CHECK(static_cast<int>(k) == d || s[k] == first[k],
                     "cat: sizes of tensors must match except in dim ", d, ": ", shape_str(first),
                     " (tensor 0) and ", shape_str(s), " (tensor ", i, ") differ in dim ", k);
-    out[d] += s[d];
+    CCGRAPH_CHECK(checked_add(out[d], s[d], out[d]), "cat: dim ", d, " of the result exceeds 2^63 - 1 at tensor ", i,
+                  " (", shape_str(s), ")");
   }
+  (void)checked_numel(out, "cat");
   if (dim_out) *dim_out = d;
   return out;
 }

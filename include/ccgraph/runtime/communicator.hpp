@@ -4,12 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <ccgraph/core/env.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/core/timeout.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/tensor/async.hpp>
@@ -17,14 +18,11 @@
 
 namespace ccgraph::detail {
 
-/// How long a backend waits for its peers by default: $CCGRAPH_TIMEOUT_MS if set to a positive
-/// number, else 300 s (every backend's options start from this).
+/// How long a backend waits for its peers by default: $CCGRAPH_TIMEOUT_MS (a positive whole
+/// number of milliseconds; anything else is an error naming it) if set, else 300 s (every
+/// backend's options start from this).
 inline std::chrono::milliseconds default_timeout() {
-  if (const char* s = std::getenv("CCGRAPH_TIMEOUT_MS")) {
-    const long long v = std::atoll(s);
-    if (v > 0) return std::chrono::milliseconds(v);
-  }
-  return std::chrono::milliseconds(300000);
+  return env_milliseconds("CCGRAPH_TIMEOUT_MS", std::chrono::milliseconds(300000));
 }
 
 /// A contiguous, type-erased tensor: storage (kept alive), element offset and meta.

@@ -1,20 +1,29 @@
-// ccgraph/runtime/compiled_function.hpp: a function compiled once per input signature, as
-// torch.compile recompiles for new shapes. The first call with each set of input shapes traces
-// the function, schedules the graph and compiles it (in CUDA Graph mode it is recorded on that
-// first call and replayed afterwards); later calls with those shapes only run it. For one
-// function the input shapes (its element types are fixed) determine the traced program, and so
-// its cg::structural_hash: the shapes are the cache key, which needs no tracing to look up.
+// ccgraph/runtime/compiled_function.hpp: a function compiled once per program it traces to, as
+// torch.compile recompiles when a guard fails. By default every call traces the function (about
+// 2 us per node, no scheduling or compiling) and looks its graph up among those compiled
+// before: input shapes, host arguments and every host value the function reads (split sizes,
+// a broadcast's src, pointwise scalars, captured or passed) are in the graph, so a call whose
+// program changed gets its own graph, never an old one's results. A hit runs the compiled graph
+// (in CUDA Graph mode, replays its recording). function_guard::arguments skips the trace on a
+// hit for functions that depend on their arguments alone.
 #pragma once
 
+#include <array>
 #include <cstddef>
-#include <deque>
-#include <map>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
+#include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/schedule/schedule.hpp>
@@ -23,26 +32,211 @@
 
 namespace ccgraph {
 
-/// How a compiled_function schedules and runs the graph of each input signature.
+/// What decides whether a call of a compiled_function can run a graph compiled before.
+enum class function_guard : std::uint8_t {
+  /// Trace the function on every call and reuse a graph only for the same program (equal input
+  /// shapes, host arguments and every host value the function reads, captured ones included:
+  /// all of them are in the traced graph). The default: never a stale graph.
+  trace,
+  /// The input shapes and host arguments alone are the key: a hit runs without tracing. For a
+  /// function whose program depends on nothing but its arguments, which the caller promises:
+  /// a captured value that changes between calls is not seen, and the old graph runs.
+  arguments,
+};
+
+/// How a compiled_function schedules and runs the graph of each program.
 struct function_options {
   /// Scheduling passes applied to each traced graph, in order (cg::schedule); none by default.
   std::vector<std::string> passes{};
   /// Their options (cost model, overlap, bucketing).
   schedule_options schedule{};
-  /// How each graph runs: `.cuda_graph = true` records one CUDA Graph per signature.
+  /// How each graph runs: `.cuda_graph = true` records one CUDA Graph per program.
   compile_options compile{};
-  /// Most input signatures kept; a new one past it drops the oldest (its graph and CUDA Graph
+  /// Most programs kept; a new one past it drops the oldest (its graph and CUDA Graph
   /// recording with it). At least 1.
   std::size_t max_signatures = 64;
+  /// What a call is matched with a compiled graph by (see function_guard).
+  function_guard guard = function_guard::trace;
 };
 
-/// `fn` (a generic callable over tensors, as for cg::trace) compiled per input signature on
-/// the rank it was made for: call it with tensors of element types Ts. Made by
-/// cg::compile_function; call it on that rank's thread.
-template <class F, class... Ts>
+/// Marks an argument of a compiled function as a host value of type T (a number, split sizes)
+/// rather than a tensor: compile_function<float, cg::host_arg<int>>(fn, ctx) takes
+/// (tensor<float>, int). Types that are not tensor element types (std::vector<std::int64_t>,
+/// std::optional<...>) are host arguments without it; a number needs it, as float or
+/// std::int64_t alone name tensors.
+template <class T>
+struct host_arg {
+  /// The argument's type.
+  using type = T;
+};
+
+namespace detail {
+
+/// An argument kind of a compiled function: a tensor of element type X, or a host value.
+template <class X>
+struct arg_kind {
+  static constexpr bool is_tensor = false;
+  using host_type = X;    // the value kept in the cache key
+  using param_type = X;   // what a call takes
+};
+template <class X>
+  requires is_element_v<X>
+struct arg_kind<X> {
+  static constexpr bool is_tensor = true;
+  using host_type = X;
+  using param_type = tensor<X>;
+};
+template <class T>
+struct arg_kind<host_arg<T>> {
+  static constexpr bool is_tensor = false;
+  using host_type = T;
+  using param_type = T;
+};
+
+/// What a compiled function takes for argument kind X: tensor<X> for an element type, else the
+/// host value.
+template <class X>
+using function_param_t = typename arg_kind<X>::param_type;
+
+/// Hashes a host argument into `h`: numbers by value (floating ones by their bits), strings,
+/// and vectors, arrays, optionals, pairs and tuples of those; any other type by std::hash.
+template <class T>
+void hash_host(hasher& h, const T& v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const double d = static_cast<double>(v);
+    std::int64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    h.add(bits);
+  } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+    h.add(static_cast<std::int64_t>(v));
+  } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    h.add(std::string_view(v));
+  } else if constexpr (requires { v.has_value(); *v; }) {
+    h.add(v.has_value());
+    if (v.has_value()) hash_host(h, *v);
+  } else if constexpr (requires { std::tuple_size<T>::value; }) {
+    std::apply([&](const auto&... x) { (hash_host(h, x), ...); }, v);
+  } else if constexpr (requires { v.begin(); v.end(); v.size(); }) {
+    h.add(static_cast<std::int64_t>(v.size()));
+    for (const auto& x : v) hash_host(h, x);
+  } else {
+    static_assert(requires { std::hash<T>{}(v); },
+                  "compile_function: a host argument must be a number, a string, a container of those, or hashable by "
+                  "std::hash");
+    h.add(static_cast<std::int64_t>(std::hash<T>{}(v)));
+  }
+}
+
+/// Equality of host arguments, floating values by their bits (so a NaN matches itself, and
+/// -0.0 differs from 0.0, as a result may).
+template <class T>
+bool host_equal(const T& a, const T& b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::memcmp(&a, &b, sizeof a) == 0;
+  } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_convertible_v<const T&, std::string_view>) {
+    return a == b;
+  } else if constexpr (requires { a.has_value(); *a; }) {
+    return a.has_value() == b.has_value() && (!a.has_value() || host_equal(*a, *b));
+  } else if constexpr (requires { std::tuple_size<T>::value; }) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (host_equal(std::get<I>(a), std::get<I>(b)) && ...);
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  } else if constexpr (requires { a.begin(); a.size(); }) {
+    if (a.size() != b.size()) return false;
+    auto j = b.begin();
+    for (auto i = a.begin(); i != a.end(); ++i, ++j)
+      if (!host_equal(*i, *j)) return false;
+    return true;
+  } else {
+    return a == b;
+  }
+}
+
+/// Positions of the tensor arguments among kinds Xs..., and of each argument among its kind.
+template <class... Xs>
+struct arg_layout {
+  static constexpr std::size_t count = sizeof...(Xs);
+  static constexpr std::array<bool, count> is_tensor{arg_kind<Xs>::is_tensor...};
+  /// Index of argument `i` among the tensors (if a tensor) or among the host values.
+  static constexpr std::size_t index_in_kind(std::size_t i) {
+    std::size_t k = 0;
+    for (std::size_t j = 0; j < i; ++j) k += is_tensor[j] == is_tensor[i] ? 1 : 0;
+    return k;
+  }
+};
+
+template <class... Xs>
+struct function_types;
+/// The tensor element types and host value types of argument kinds Xs..., in order.
+template <>
+struct function_types<> {
+  using tensors = std::tuple<>;
+  using hosts = std::tuple<>;
+};
+template <class X, class... Xs>
+struct function_types<X, Xs...> {
+  using rest = function_types<Xs...>;
+  template <class A, class B>
+  struct cons;
+  template <class A, class... Bs>
+  struct cons<A, std::tuple<Bs...>> {
+    using type = std::tuple<A, Bs...>;
+  };
+  using tensors = std::conditional_t<arg_kind<X>::is_tensor, typename cons<X, typename rest::tensors>::type,
+                                     typename rest::tensors>;
+  using hosts = std::conditional_t<arg_kind<X>::is_tensor, typename rest::hosts,
+                                   typename cons<std::decay_t<typename arg_kind<X>::host_type>, typename rest::hosts>::type>;
+};
+
+/// `fn` called with symbolic tensors (in tensor order) and host values (in host order),
+/// interleaved back into the function's own argument order Xs...
+template <class F, class Hosts, class... Xs>
+struct interleaved_call {
+  F* fn;
+  const Hosts* hosts;
+
+  template <class... Syms>
+  auto operator()(const Syms&... syms) const {
+    using L = arg_layout<Xs...>;
+    const auto tensors = std::forward_as_tuple(syms...);
+    auto arg = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) -> decltype(auto) {
+      if constexpr (L::is_tensor[I]) return std::get<L::index_in_kind(I)>(tensors);
+      else return std::get<L::index_in_kind(I)>(*hosts);
+    };
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::invoke(*fn, arg(std::integral_constant<std::size_t, I>{})...);
+    }(std::make_index_sequence<L::count>{});
+  }
+};
+
+/// The typed graph `Call` traces to on tensors of element types Tensors.
+template <class Call, class Tensors>
+struct traced_graph_of;
+template <class Call, class... Ts>
+struct traced_graph_of<Call, std::tuple<Ts...>> {
+  using type = decltype(trace(std::declval<Call&>(), input<Ts>(shape_t{})...));
+};
+
+template <class R, class Tensors>
+struct compiled_graph_for;
+template <class R, class... Ts>
+struct compiled_graph_for<R, std::tuple<Ts...>> {
+  using type = compiled_graph<R, Ts...>;
+};
+
+}  // namespace detail
+
+/// `fn` (a generic callable, as for cg::trace) compiled per program on the rank it was made for.
+/// Xs are its arguments, in order: a tensor element type for a tensor argument, a host value
+/// type (or cg::host_arg<T>) for a host one. Made by cg::compile_function; call it on that
+/// rank's thread.
+template <class F, class... Xs>
 class compiled_function {
-  using graph_type = decltype(trace(std::declval<F&>(), input<Ts>(shape_t{})...));
-  using compiled_type = compiled_graph<typename graph_type::result_type, Ts...>;
+  using types = detail::function_types<Xs...>;
+  using hosts_type = typename types::hosts;
+  using call_type = detail::interleaved_call<F, hosts_type, Xs...>;
+  using graph_type = typename detail::traced_graph_of<call_type, typename types::tensors>::type;
+  using compiled_type = typename detail::compiled_graph_for<typename graph_type::result_type, typename types::tensors>::type;
 
  public:
   /// What a call returns: what `fn` returns, with tensors for its values.
@@ -54,57 +248,132 @@ class compiled_function {
                   opt_.max_signatures);
   }
 
-  /// Runs `fn` on `inputs`: the compiled graph of their shapes, traced, scheduled and compiled
-  /// first if these shapes are new. An error while doing so (a bad shape for the function, an
-  /// unknown pass) is thrown here and nothing is kept, so a later call tries again.
-  result_type operator()(const tensor<Ts>&... inputs) {
-    std::vector<shape_t> key{inputs.shape()...};
-    auto it = by_shape_.find(key);
-    if (it == by_shape_.end()) it = add(std::move(key), inputs...);
-    return it->second(inputs...);
+  /// Runs `fn` on `args`: the compiled graph of its program, traced, scheduled and compiled
+  /// first if the program is new (see function_guard for what makes it new). An error while
+  /// doing so (a bad shape for the function, an unknown pass) is thrown here and nothing is
+  /// kept, so a later call tries again.
+  result_type operator()(const detail::function_param_t<Xs>&... args) {
+    const auto all = std::forward_as_tuple(args...);
+    std::vector<shape_t> shapes;
+    hosts_type hosts = split(all, shapes);
+    std::optional<graph_type> traced;
+    detail::hasher h;
+    for (const auto& s : shapes) h.add(s);
+    if (opt_.guard == function_guard::trace) {
+      // The graph holds every host value the program depends on: host arguments that leave it
+      // unchanged need no graph of their own.
+      traced.emplace(trace_with(hosts, shapes));
+      h.add(static_cast<std::int64_t>(structural_hash(*traced)));
+    } else {
+      detail::hash_host(h, hosts);
+    }
+    entry* hit = find(h.h, shapes, hosts, traced ? &*traced : nullptr);
+    if (!hit) hit = &add(h.h, std::move(shapes), std::move(hosts), std::move(traced));
+    return run(hit->compiled, all);
   }
 
-  /// Input signatures compiled for and kept.
-  std::size_t signatures() const noexcept { return by_shape_.size(); }
-  /// Calls that traced, scheduled and compiled the function (one per new signature, counting
-  /// signatures dropped since).
+  /// Programs compiled for and kept.
+  std::size_t signatures() const noexcept { return cache_.size(); }
+  /// Calls that traced the function: every call under function_guard::trace, else the calls
+  /// that compiled.
   std::size_t traces() const noexcept { return traces_; }
-  /// The compiled graph of a signature (null if not kept), e.g. to inspect its recording.
+  /// Calls that scheduled and compiled a new graph (counting those dropped since).
+  std::size_t compiles() const noexcept { return compiles_; }
+  /// The newest compiled graph kept for these input shapes (null if none), e.g. to inspect its
+  /// recording.
   const compiled_type* compiled_for(const std::vector<shape_t>& shapes) const {
-    auto it = by_shape_.find(shapes);
-    return it == by_shape_.end() ? nullptr : &it->second;
+    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it)
+      if (it->shapes == shapes) return &it->compiled;
+    return nullptr;
   }
 
  private:
-  using cache = std::map<std::vector<shape_t>, compiled_type>;
+  struct entry {
+    std::uint64_t key;
+    std::vector<shape_t> shapes;
+    hosts_type hosts;
+    std::optional<graph_type> traced;  // under function_guard::trace: what a hit must equal
+    compiled_type compiled;
+  };
+  using layout = detail::arg_layout<Xs...>;
 
-  typename cache::iterator add(std::vector<shape_t> key, const tensor<Ts>&... inputs) {
-    const graph_type g = schedule(trace(fn_, input<Ts>(inputs.shape())...), opt_.passes, opt_.schedule);
-    compiled_type compiled(g, *ctx_, opt_.compile);
+  /// The host values of `all`, in host order; the tensors' shapes go to `shapes`.
+  template <class All>
+  static hosts_type split(const All& all, std::vector<shape_t>& shapes) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (layout::is_tensor[I]) shapes.push_back(std::get<I>(all).shape());
+          }(),
+          ...);
+      return host_values(all, std::index_sequence<I...>{});
+    }(std::make_index_sequence<layout::count>{});
+  }
+  template <class All, std::size_t... I>
+  static hosts_type host_values(const All& all, std::index_sequence<I...>) {
+    return std::tuple_cat([&] {
+      if constexpr (layout::is_tensor[I]) return std::tuple<>{};
+      else return std::tuple<std::decay_t<std::tuple_element_t<I, All>>>{std::get<I>(all)};
+    }()...);
+  }
+
+  /// Traces fn with these host values on inputs of these shapes.
+  graph_type trace_with(const hosts_type& hosts, const std::vector<shape_t>& shapes) {
+    call_type call{&fn_, &hosts};
     ++traces_;
-    if (by_shape_.size() >= opt_.max_signatures) {
-      by_shape_.erase(order_.front());
-      order_.pop_front();
+    using tensors = typename types::tensors;
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return trace(call, input<std::tuple_element_t<I, tensors>>(shapes[I])...);
+    }(std::make_index_sequence<std::tuple_size_v<tensors>>{});
+  }
+
+  entry* find(std::uint64_t key, const std::vector<shape_t>& shapes, const hosts_type& hosts,
+              const graph_type* traced) {
+    for (entry& e : cache_) {
+      if (e.key != key || e.shapes != shapes) continue;
+      if (traced ? structurally_equal(*e.traced, *traced) : detail::host_equal(e.hosts, hosts)) return &e;
     }
-    order_.push_back(key);
-    return by_shape_.emplace(std::move(key), std::move(compiled)).first;
+    return nullptr;
+  }
+
+  entry& add(std::uint64_t key, std::vector<shape_t> shapes, hosts_type hosts, std::optional<graph_type> traced) {
+    const graph_type g = schedule(traced ? *traced : trace_with(hosts, shapes), opt_.passes, opt_.schedule);
+    compiled_type compiled(g, *ctx_, opt_.compile);
+    ++compiles_;
+    if (cache_.size() >= opt_.max_signatures) cache_.pop_front();
+    return cache_.emplace_back(entry{key, std::move(shapes), std::move(hosts), std::move(traced), std::move(compiled)});
+  }
+
+  template <class All>
+  static result_type run(const compiled_type& c, const All& all) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::apply([&](const auto&... t) { return c(t...); }, std::tuple_cat([&] {
+        if constexpr (layout::is_tensor[I]) return std::tie(std::get<I>(all));
+        else return std::tuple<>{};
+      }()...));
+    }(std::make_index_sequence<layout::count>{});
   }
 
   F fn_;
   rank_context* ctx_;
   function_options opt_;
-  cache by_shape_;
-  std::deque<std::vector<shape_t>> order_;  // signatures, oldest first
+  std::list<entry> cache_;  // oldest first
   std::size_t traces_ = 0;
+  std::size_t compiles_ = 0;
 };
 
-/// Compiles `fn` for the rank `ctx` per input signature; Ts are its inputs' element types:
+/// Compiles `fn` for the rank `ctx` per program; Xs are its arguments' kinds: a tensor element
+/// type for a tensor, a host value type (cg::host_arg<T> for a number) for a host argument:
 ///   auto f = cg::compile_function<float>([](auto x) { ... }, ctx, {.passes = {"overlap"}});
 ///   auto y = f(x);   // traced, scheduled and compiled for x's shape on the first call
-template <class... Ts, class F>
-compiled_function<std::decay_t<F>, Ts...> compile_function(F&& fn, rank_context& ctx, function_options opt = {}) {
-  static_assert(sizeof...(Ts) > 0, "compile_function: name the inputs' element types, e.g. compile_function<float>(fn, ctx)");
-  return compiled_function<std::decay_t<F>, Ts...>(std::forward<F>(fn), ctx, std::move(opt));
+///   auto moe = cg::compile_function<float, std::vector<std::int64_t>, std::vector<std::int64_t>>(
+///       [&](auto x, const auto& out_splits, const auto& in_splits) {
+///         return cg::all_to_all_single(x, out_splits, in_splits, g); }, ctx);
+template <class... Xs, class F>
+compiled_function<std::decay_t<F>, Xs...> compile_function(F&& fn, rank_context& ctx, function_options opt = {}) {
+  static_assert(sizeof...(Xs) > 0, "compile_function: name the arguments' types, e.g. compile_function<float>(fn, ctx)");
+  static_assert((detail::arg_kind<Xs>::is_tensor || ...), "compile_function: the function needs a tensor argument");
+  return compiled_function<std::decay_t<F>, Xs...>(std::forward<F>(fn), ctx, std::move(opt));
 }
 
 }  // namespace ccgraph

@@ -22,13 +22,22 @@
 namespace ccgraph::detail {
 
 /// Applies reduce op `Op` to two values in accumulation type A. bool follows c10d's NCCL
-/// mapping (sum and max are "or", product and min are "and").
+/// mapping (sum and max are "or", product and min are "and"). Integer sums and products wrap
+/// modulo 2^bits, as NCCL's do: computed in the unsigned type, whose arithmetic is modular, and
+/// converted back (defined since C++20), so an overflowing int32/int64 sum is not undefined.
 template <reduce_op Op, class A>
 inline A reduce_pair(A a, A b) {
   if constexpr (std::is_same_v<A, bool>) {
     if constexpr (Op == reduce_op::sum || Op == reduce_op::max || Op == reduce_op::bor) return a || b;
     else if constexpr (Op == reduce_op::bxor) return a != b;
     else return a && b;  // product, min, band
+  } else if constexpr (std::is_integral_v<A> && (Op == reduce_op::sum || Op == reduce_op::avg ||
+                                                 Op == reduce_op::product)) {
+    // At least unsigned int: a narrower unsigned type would promote to (signed) int, whose
+    // product can overflow (uint16 x uint16).
+    using U = std::common_type_t<std::make_unsigned_t<A>, unsigned>;
+    if constexpr (Op == reduce_op::product) return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+    else return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
   } else if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
     return static_cast<A>(a + b);
   } else if constexpr (Op == reduce_op::product) {
@@ -63,7 +72,8 @@ void visit_reduce_op(reduce_op op, F&& f) {
 }
 
 /// out[i] = reduce over k of ins[k][i], in the order of `ins`, accumulating in compute_t<T>;
-/// avg divides the sum by the number of inputs (integer division for integer types, as NCCL).
+/// avg divides the (wrapped) sum by the number of inputs (integer division for integer types,
+/// as NCCL).
 template <class T>
 void reduce_buffers(T* out, const std::vector<const T*>& ins, std::int64_t count, reduce_op op) {
   using A = std::conditional_t<std::is_same_v<T, bool>, bool, compute_t<T>>;
@@ -79,7 +89,11 @@ void reduce_buffers(T* out, const std::vector<const T*>& ins, std::int64_t count
         const T* in = ins[k] + base;
         for (std::int64_t i = 0; i < len; ++i) acc[i] = reduce_pair<Op, A>(acc[i], static_cast<A>(in[i]));
       }
-      if constexpr (Op == reduce_op::avg && !std::is_same_v<A, bool>) {
+      if constexpr (Op == reduce_op::avg && std::is_integral_v<A> && !std::is_same_v<A, bool>) {
+        // In int64: the count need not fit A (256 ranks averaging u8 would divide by zero).
+        const auto n = static_cast<std::int64_t>(ins.size());
+        for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(static_cast<std::int64_t>(acc[i]) / n);
+      } else if constexpr (Op == reduce_op::avg && !std::is_same_v<A, bool>) {
         const A n = static_cast<A>(ins.size());
         for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / n);
       }

@@ -44,6 +44,13 @@ struct compile_options {
   /// (no copy per call, like torch.compile's "reduce-overhead"); otherwise each call returns
   /// fresh tensors.
   bool static_outputs = false;
+  /// Return a result whose wait_tensor node nothing but the graph's output reads still pending:
+  /// that wait is not run (it is dropped from the compiled graph), and the caller waits at the
+  /// result's first use, as eagerly, so the collective overlaps what the caller does next.
+  /// Off (the default), every result comes back waited, as the graph says. A pending result's
+  /// memory is the caller's: the memory plan never reuses it. In cuda_graph mode a replay's
+  /// results are ordered on the rank's stream either way.
+  bool pending_outputs = false;
 };
 
 namespace detail {
@@ -133,6 +140,25 @@ struct arena_cache {
   std::size_t allocations = 0;
 };
 
+/// Makes each result of `g` that is the output of a wait_tensor node read by nothing but the
+/// output node the wait's own input, and drops those waits: what compile_options::
+/// pending_outputs compiles.
+inline void return_pending(graph& g) {
+  node* out = g.output_node();
+  if (!out) return;
+  std::vector<value_ref> results = out->args();
+  std::vector<node*> dropped;
+  for (auto& r : results) {
+    node* w = r.src;
+    if (!w->is_wait() || w->users().size() != 1) continue;  // users are distinct: the output alone
+    r = w->args().front();
+    if (std::find(dropped.begin(), dropped.end(), w) == dropped.end()) dropped.push_back(w);
+  }
+  if (dropped.empty()) return;
+  g.set_args(out, std::move(results));
+  for (node* w : dropped) g.erase(w);
+}
+
 /// Per position of `g`'s order, for each collective: what runs between it and its first wait
 /// (see collective_request::overlap); `unknown` for other nodes. Views, collectives and waits
 /// launch no compute; a collective never waited counts everything after it.
@@ -165,6 +191,7 @@ class executor {
     CCGRAPH_CHECK(!opt.cuda_graph || ctx.device().is_cuda(),
                   "compile: cuda_graph = true needs a CUDA rank (cg::cuda::run_gpus), but rank ",
                   ctx.rank(), " runs on ", ctx.device());
+    if (opt.pending_outputs) detail::return_pending(g_);
     lint(g_);
     const auto& nodes = g_.nodes();
     if (opt.cuda_graph) {
@@ -175,6 +202,12 @@ class executor {
                         ") draws random numbers, which a CUDA Graph replay would repeat on every call; "
                         "compile this graph without cuda_graph");
     }
+    // A graph traced for another world or rank (world_size = 8 run on 2 ranks, one MPMD part
+    // run by a rank of another part) fails here, before any rank issues a collective.
+    for (const auto& n : nodes)
+      if (n->is_collective())
+        check_group_fits(detail::concat("compile: %", n->name(), " = ", ops::name_of(*n->collective())),
+                         *n->group(), ctx.rank(), ctx.world_size());
     last_use_.assign(nodes.size(), 0);
     for (std::size_t i = 0; i < nodes.size(); ++i)
       for (auto& a : nodes[i]->args()) last_use_[g_.position(a.src)] = i;
@@ -192,7 +225,8 @@ class executor {
     }
   }
 
-  /// The graph being run.
+  /// The graph being run (with compile_options::pending_outputs, without the waits of the
+  /// results returned pending).
   const graph& graph_ref() const { return g_; }
   /// The memory plan the graph runs over, or null when it runs without one.
   const memory_plan* plan() const { return plan_ ? &*plan_ : nullptr; }
@@ -229,7 +263,8 @@ class executor {
   }
 
   /// Runs the graph on `inputs` (one per placeholder, in order) and returns the outputs; an
-  /// output that is an un-waited collective result comes back pending.
+  /// output that is an un-waited collective result (compile_options::pending_outputs) comes
+  /// back pending.
   ///
   /// In cuda_graph mode the first call runs the graph eagerly (which creates every
   /// communicator and library handle, none of which may be created while recording) and then

@@ -3,7 +3,9 @@
 // so asynchrony and overlap are real. This is the backend of CI and of the acceptance tests.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <compare>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -27,68 +29,112 @@ namespace ccgraph {
 /// Settings of a threads world.
 struct threads_options {
   /// How long a collective waits for the other members before failing with a timeout_error.
-  /// Defaults to $CCGRAPH_TIMEOUT_MS, else 300 s.
+  /// Must be positive; milliseconds::max() waits forever. Defaults to $CCGRAPH_TIMEOUT_MS,
+  /// else 300 s.
   std::chrono::milliseconds timeout = default_timeout();
 
-  /// $CCGRAPH_TIMEOUT_MS if set to a positive number, else 300 s.
+  /// $CCGRAPH_TIMEOUT_MS if set (a positive whole number of milliseconds, else an error naming
+  /// it), else 300 s.
   static std::chrono::milliseconds default_timeout() { return detail::default_timeout(); }
 };
 
 namespace detail {
 
+/// What a group's collectives are numbered by: its members and its tag. Two calls belong to one
+/// sequence exactly when their keys are equal: a tagged group over the same ranks is another
+/// group, with its own sequence (as c10d's group tags give it its own communicator).
+struct threads_group_key {
+  std::vector<int> ranks;
+  std::string tag;
+  friend auto operator<=>(const threads_group_key&, const threads_group_key&) = default;
+  static threads_group_key of(const group_info& g) { return {g.ranks, g.tag}; }
+};
+
+/// One collective of one group (its position `seq` in the group's sequence), from the first
+/// member's issue to the last member's completion: where the members' calls are compared and
+/// where their communication workers meet. Guarded by the world's mutex.
+struct threads_slot {
+  threads_slot(std::int64_t seq_, ops::signature sig_, int first_rank)
+      : seq(seq_),
+        sig(std::move(sig_)),
+        sig_rank(first_rank),
+        reqs(sig.ranks.size(), nullptr),
+        holds(sig.ranks.size()),
+        works(sig.ranks.size()) {}
+  int size() const { return static_cast<int>(sig.ranks.size()); }
+  bool complete() const { return arrived == size(); }
+
+  std::int64_t seq;
+  ops::signature sig;  // what the first member issued (once, not per peer): the others must match
+  int sig_rank;        // that first member
+  std::vector<const collective_request*> reqs;             // arrived members, in group order
+  std::vector<std::shared_ptr<collective_request>> holds;  // keeps peers' inputs alive
+  std::vector<work_ptr> works;
+  int arrived = 0;
+  int finished = 0;
+  std::condition_variable cv;  // its arrived members wait here for the others
+  std::map<std::int64_t, std::shared_ptr<threads_slot>>* owner = nullptr;  // its group's pending slots
+};
+
 /// One launched collective as queued on a rank's communication worker.
 struct threads_task {
   std::shared_ptr<collective_request> req;
-  std::vector<int> group_key;  // the group's ranks
-  std::int64_t seq = 0;  // position among this group's collectives
+  std::shared_ptr<threads_slot> slot;
+  int index = 0;  // the rank's position in the group
   work_ptr done;
 };
 
-/// The state the ranks of one threads world share: group names, the rendezvous slots where the
-/// members of each collective meet, cross-rank order checking, and the abort flag.
+/// The state the ranks of one threads world share: group names, each group's sequence of
+/// collectives (the slots where members are compared and meet), who is blocked where, and the
+/// abort flag. Order checking costs O(group size) per call and O(pending collectives) memory:
+/// the k-th collective of a group is recorded once, by its first member, and compared by the
+/// others; ranks that disagree about which group comes next leave their workers waiting on each
+/// other, and that cycle is found when the last of them blocks.
 class threads_world {
  public:
   threads_world(int n, threads_options opt)
       : n_(n),
         opt_(opt),
         registry_(std::make_shared<group_registry>(n)),
-        issued_(static_cast<std::size_t>(n)),
         exited_(static_cast<std::size_t>(n), false),
-        pairs_(static_cast<std::size_t>(n), std::vector<pair_log>(static_cast<std::size_t>(n))) {}
+        blocked_on_(static_cast<std::size_t>(n), nullptr),
+        visit_(static_cast<std::size_t>(n), 0) {}
 
   const std::shared_ptr<group_registry>& registry() const { return registry_; }
 
-  /// Issue-time bookkeeping on the calling rank's thread: fails at once if the world is aborted
-  /// or if this collective differs from what a peer issued at the same position; returns the
-  /// collective's sequence number within its group.
-  std::int64_t on_issue(const collective_request& req) {
-    ops::signature sig(req.op, req.input_metas(), req.group);
+  /// Issue-time bookkeeping on the calling rank's thread: fails at once if the world is
+  /// aborted, if this collective differs from what a peer issued at the same position of the
+  /// group, or if a member already returned without issuing it. Returns the task to queue.
+  threads_task issue(std::shared_ptr<collective_request> req) {
+    // The backend indexes members by the group: never let a group of another world in.
+    check_group_fits(ops::name_of(req->op), req->group, req->rank, n_);
+    threads_group_key key = threads_group_key::of(req->group);
+    const int me = req->group.index_of(req->rank);
     std::lock_guard lk(mu_);
-    if (aborted_) std::rethrow_exception(error_for(req.rank));
-    const std::int64_t seq = issued_[static_cast<std::size_t>(req.rank)][req.group.ranks]++;
-    // The k-th collective rank a issues with peer b must match the k-th one b issues with a,
-    // whatever other groups either is in: this catches differing ops, groups, dtypes, shapes.
-    for (int peer : req.group.ranks) {
-      if (peer == req.rank) continue;
-      auto& mine = pairs_[static_cast<std::size_t>(req.rank)][static_cast<std::size_t>(peer)];
-      auto& theirs = pairs_[static_cast<std::size_t>(peer)][static_cast<std::size_t>(req.rank)];
-      const std::int64_t position = mine.count++;
-      if (theirs.pending.empty()) {
-        mine.pending.push_back(sig);
-        continue;
-      }
-      ops::signature other = std::move(theirs.pending.front());
-      theirs.pending.pop_front();
-      if (!(other == sig)) {
-        auto e = std::make_exception_ptr(collective_mismatch_error(concat(
-            "collective mismatch between rank ", req.rank, " and rank ", peer,
-            " at their collective #", position, " with each other: rank ", req.rank, " issued ",
-            sig.str(), " but rank ", peer, " issued ", other.str())));
-        abort_locked(req.rank, e);
-        std::rethrow_exception(e);
-      }
+    if (aborted_) std::rethrow_exception(error_for(req->rank));
+    group_state& g = groups_[std::move(key)];
+    if (g.issued.empty()) g.issued.assign(req->group.ranks.size(), 0);
+    const std::int64_t seq = g.issued[static_cast<std::size_t>(me)]++;
+    std::shared_ptr<threads_slot>& sp = g.pending[seq];
+    if (!sp) {
+      sp = std::make_shared<threads_slot>(seq, ops::signature(req->op, req->input_metas(), req->group), req->rank);
+      sp->owner = &g.pending;
+    } else if (ops::signature sig(req->op, req->input_metas(), req->group); !(sig == sp->sig)) {
+      auto e = std::make_exception_ptr(collective_mismatch_error(concat(
+          "collective mismatch between rank ", req->rank, " and rank ", sp->sig_rank, " at collective #",
+          seq, " of group ", list_str(req->group.ranks), ": rank ", req->rank, " issued ", sig.str(),
+          " but rank ", sp->sig_rank, " issued ", sp->sig.str())));
+      abort_locked(req->rank, e);
+      std::rethrow_exception(e);
     }
-    return seq;
+    if (exited_count_ > 0)
+      for (std::size_t i = 0; i < g.issued.size(); ++i)
+        if (exited_[static_cast<std::size_t>(req->group.ranks[i])] && g.issued[i] <= seq) {
+          auto e = never_completes(*sp, req->group.ranks[i]);
+          abort_locked(req->rank, e);
+          std::rethrow_exception(e);
+        }
+    return threads_task{std::move(req), sp, me, std::make_shared<work>()};
   }
 
   /// Runs one collective on the issuing rank's worker: meet the other members, compute this
@@ -96,52 +142,59 @@ class threads_world {
   /// rank reuses an input buffer a peer is still reading).
   void run(threads_task& t) {
     const collective_request& req = *t.req;
-    const int size = req.group.size();
-    const int me = req.group.index_of(req.rank);
+    threads_slot& s = *t.slot;
+    const int size = s.size();
+    const auto me = static_cast<std::size_t>(t.index);
     // An output written in place over its own input (the executor's stolen all_reduce buffers):
     // peers must read a copy of that input, or they could see this member's partial result.
     snapshot_aliased_inputs(*t.req);
     std::unique_lock lk(mu_);
     if (aborted_) return t.done->fail(error_for(req.rank));
-    auto& sp = slots_[{t.group_key, t.seq}];
-    if (!sp) sp = std::make_shared<slot>(size);
-    const std::shared_ptr<slot> s = sp;
-    s->reqs[static_cast<std::size_t>(me)] = t.req.get();
-    s->holds[static_cast<std::size_t>(me)] = t.req;
-    s->works[static_cast<std::size_t>(me)] = t.done;
-    ++s->arrived;
-    cv_.notify_all();
-    const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-    while (!aborted_ && s->arrived < size) {
-      if (auto e = missing_peer_error(req, t, *s)) return fail_locked(t, req.rank, e);
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !aborted_ && s->arrived < size) {
-        std::vector<int> missing;
-        for (int i = 0; i < size; ++i)
-          if (!s->reqs[static_cast<std::size_t>(i)]) missing.push_back(req.group.ranks[static_cast<std::size_t>(i)]);
-        return fail_locked(t, req.rank, std::make_exception_ptr(timeout_error(concat(
-            req.describe(), " (collective #", t.seq, " on its group) timed out after ",
-            opt_.timeout.count(), " ms on rank ", req.rank, " waiting for ranks ",
-            list_str(missing)))));
+    s.reqs[me] = t.req.get();
+    s.holds[me] = t.req;
+    s.works[me] = t.done;
+    if (++s.arrived == size) {
+      if (size > 1) --waiting_slots_;
+      s.cv.notify_all();
+    } else {
+      if (s.arrived == 1) ++waiting_slots_;
+      blocked_on_[static_cast<std::size_t>(req.rank)] = &s;
+      struct unblock {
+        threads_slot*& b;
+        ~unblock() { b = nullptr; }
+      } guard{blocked_on_[static_cast<std::size_t>(req.rank)]};
+      if (auto e = deadlock_through(req.rank)) return fail_locked(t, req.rank, e);
+      const auto deadline = deadline_after(std::chrono::steady_clock::now(), opt_.timeout);  // max: forever
+      while (!aborted_ && !s.complete()) {
+        if (s.cv.wait_until(lk, deadline) == std::cv_status::timeout && !aborted_ && !s.complete()) {
+          std::vector<int> missing;
+          for (int i = 0; i < size; ++i)
+            if (!s.reqs[static_cast<std::size_t>(i)]) missing.push_back(s.sig.ranks[static_cast<std::size_t>(i)]);
+          return fail_locked(t, req.rank, std::make_exception_ptr(timeout_error(concat(
+              req.describe(), " (collective #", s.seq, " on its group) timed out after ",
+              timeout_text(opt_.timeout), " on rank ", req.rank, " waiting for ranks ",
+              list_str(missing)))));
+        }
       }
     }
     if (aborted_) return t.done->fail(error_for(req.rank));
     lk.unlock();
     try {
-      run_cpu_collective(req, s->reqs, me);
+      run_cpu_collective(req, s.reqs, t.index);
     } catch (...) {
       lk.lock();
       return fail_locked(t, req.rank, std::current_exception());
     }
     lk.lock();
-    if (++s->finished == size) {
+    if (++s.finished == size) {
       // Drop every member's references to its buffers before completing: once a wait returns,
       // nothing in the backend holds the memory (an executor can then tell its arena is free).
-      for (auto& h : s->holds) {
+      for (auto& h : s.holds) {
         h->inputs.clear();
         h->outputs.clear();
       }
-      for (auto& w : s->works) w->complete();
-      slots_.erase({t.group_key, t.seq});
+      for (auto& w : s.works) w->complete();
+      s.owner->erase(s.seq);  // a no-op after an abort, which cleared every group's slots
     }
   }
 
@@ -152,12 +205,21 @@ class threads_world {
     abort_locked(rank, std::move(e));
   }
 
-  /// Records that `rank`'s function returned: peers waiting for a collective it never issued
-  /// fail at once instead of timing out.
+  /// Records that `rank`'s function returned: a collective some member issued and `rank`
+  /// never did can no longer complete, and fails the world at once instead of timing out.
   void mark_exited(int rank) {
     std::lock_guard lk(mu_);
     exited_[static_cast<std::size_t>(rank)] = true;
-    cv_.notify_all();
+    ++exited_count_;
+    if (aborted_) return;
+    for (auto& [key, g] : groups_) {
+      const auto it = std::lower_bound(key.ranks.begin(), key.ranks.end(), rank);
+      if (it == key.ranks.end() || *it != rank) continue;
+      const auto issued = g.issued[static_cast<std::size_t>(it - key.ranks.begin())];
+      const auto never = g.pending.lower_bound(issued);  // issued by a peer, never by `rank`
+      if (never == g.pending.end()) continue;
+      return abort_locked(never->second->sig_rank, never_completes(*never->second, rank));
+    }
   }
 
   /// The first failure, or null.
@@ -167,24 +229,16 @@ class threads_world {
   }
 
  private:
-  struct slot {
-    explicit slot(int n)
-        : reqs(static_cast<std::size_t>(n), nullptr),
-          holds(static_cast<std::size_t>(n)),
-          works(static_cast<std::size_t>(n)) {}
-    std::vector<const collective_request*> reqs;          // in group order
-    std::vector<std::shared_ptr<collective_request>> holds;  // keeps peers' inputs alive
-    std::vector<work_ptr> works;
-    int arrived = 0;
-    int finished = 0;
-  };
-  struct pair_log {
-    std::deque<ops::signature> pending;  // issued and not yet matched by the peer
-    std::int64_t count = 0;
+  struct group_state {
+    std::vector<std::int64_t> issued;  // per member (group order): collectives issued so far
+    std::map<std::int64_t, std::shared_ptr<threads_slot>> pending;  // by position
   };
 
+  /// What every rank but the failing one gets: a copy of a mismatch (every rank learns what
+  /// disagreed), else an aborted_error naming the failing rank and its error.
   std::exception_ptr error_for(int rank) const {
     if (rank == failed_rank_) return first_error_;
+    if (mismatch_) return std::make_exception_ptr(collective_mismatch_error(failure_));
     return std::make_exception_ptr(aborted_error(concat("rank ", rank, ": aborted because rank ",
                                                         failed_rank_, " failed: ", failure_)));
   }
@@ -196,17 +250,24 @@ class threads_world {
     first_error_ = e;
     try {
       std::rethrow_exception(e);
+    } catch (const collective_mismatch_error& x) {
+      mismatch_ = true;
+      failure_ = x.what();
     } catch (const std::exception& x) {
       failure_ = x.what();
     } catch (...) {
       failure_ = "unknown exception";
     }
     // Release every rank blocked on a collective that can no longer complete.
-    for (auto& [key, s] : slots_)
-      for (std::size_t i = 0; i < s->works.size(); ++i)
-        if (s->works[i]) s->works[i]->fail(error_for(s->reqs[i]->rank));
-    slots_.clear();
-    cv_.notify_all();
+    for (auto& [key, g] : groups_) {
+      for (auto& [seq, s] : g.pending) {
+        for (std::size_t i = 0; i < s->works.size(); ++i)
+          if (s->works[i]) s->works[i]->fail(error_for(s->reqs[i]->rank));
+        s->cv.notify_all();
+      }
+      g.pending.clear();
+    }
+    waiting_slots_ = 0;
   }
 
   void fail_locked(threads_task& t, int rank, std::exception_ptr e) {
@@ -214,31 +275,84 @@ class threads_world {
     t.done->fail(error_for(rank));
   }
 
-  std::exception_ptr missing_peer_error(const collective_request& req, const threads_task& t,
-                                        const slot& s) const {
-    for (int i = 0; i < req.group.size(); ++i) {
-      const int peer = req.group.ranks[static_cast<std::size_t>(i)];
-      if (s.reqs[static_cast<std::size_t>(i)] || !exited_[static_cast<std::size_t>(peer)]) continue;
-      auto& counts = issued_[static_cast<std::size_t>(peer)];
-      auto it = counts.find(t.group_key);  // NOLINT
-      if (it == counts.end() || it->second <= t.seq)
-        return std::make_exception_ptr(collective_mismatch_error(concat(
-            req.describe(), " (collective #", t.seq, " on its group) on rank ", req.rank,
-            " can never complete: rank ", peer, " returned from its function without issuing it")));
+  std::exception_ptr never_completes(const threads_slot& s, int peer) const {
+    return std::make_exception_ptr(collective_mismatch_error(concat(
+        s.sig.str(), " (collective #", s.seq, " on its group), issued by rank ", s.sig_rank,
+        ", can never complete: rank ", peer, " returned from its function without issuing it")));
+  }
+
+  /// A rank waits on a member of its collective that has not arrived; when that member's worker
+  /// is itself blocked on another collective, it cannot arrive before that one completes (a
+  /// worker runs its rank's collectives in issue order). A cycle of such waits never resolves:
+  /// ranks that disagree about the order of their groups' collectives. `start` just blocked, so
+  /// a cycle formed now passes through it; returns the mismatch error naming each rank's
+  /// blocked collective, or null. Members that are idle or still busy are no edges: they may
+  /// yet arrive.
+  std::exception_ptr deadlock_through(int start) {
+    if (waiting_slots_ < 2) return nullptr;  // every blocked worker waits on the same collective
+    ++epoch_;
+    visit_[static_cast<std::size_t>(start)] = epoch_;
+    struct frame {
+      int rank;
+      std::size_t next;  // the next member of its blocked collective to look at
+    };
+    std::vector<frame> path{{start, 0}};
+    while (!path.empty()) {
+      const threads_slot& b = *blocked_on_[static_cast<std::size_t>(path.back().rank)];
+      bool deeper = false;
+      while (!deeper && path.back().next < b.reqs.size()) {
+        const std::size_t i = path.back().next++;
+        if (b.reqs[i]) continue;  // arrived
+        const int m = b.sig.ranks[i];
+        if (m == start) return cycle_error(path);
+        const threads_slot* mb = blocked_on_[static_cast<std::size_t>(m)];
+        if (!mb || mb->complete() || visit_[static_cast<std::size_t>(m)] == epoch_) continue;
+        visit_[static_cast<std::size_t>(m)] = epoch_;
+        path.push_back({m, 0});
+        deeper = true;
+      }
+      if (!deeper) path.pop_back();
     }
     return nullptr;
+  }
+
+  template <class Frames>
+  std::exception_ptr cycle_error(const Frames& path) const {
+    // Start the cycle at its lowest rank, whichever rank closed it.
+    std::size_t first = 0;
+    for (std::size_t i = 1; i < path.size(); ++i)
+      if (path[i].rank < path[first].rank) first = i;
+    std::vector<int> ranks;
+    for (std::size_t k = 0; k < path.size(); ++k) ranks.push_back(path[(first + k) % path.size()].rank);
+    std::string who = ranks.size() == 2 ? concat("rank ", ranks[0], " and rank ", ranks[1]) : "ranks ";
+    for (std::size_t k = 0; ranks.size() > 2 && k < ranks.size(); ++k)
+      who += concat(k == 0 ? "" : k + 1 == ranks.size() ? " and " : ", ", ranks[k]);
+    std::string waits;
+    for (std::size_t k = 0; k < ranks.size(); ++k) {
+      const threads_slot& b = *blocked_on_[static_cast<std::size_t>(ranks[k])];
+      const auto& mine = *b.reqs[static_cast<std::size_t>(std::lower_bound(b.sig.ranks.begin(), b.sig.ranks.end(), ranks[k]) -
+                                                          b.sig.ranks.begin())];
+      waits += concat(k ? "; " : "", "rank ", ranks[k], " waits in ", mine.describe(), " (collective #", b.seq,
+                      " on its group) for rank ", ranks[(k + 1) % ranks.size()]);
+    }
+    return std::make_exception_ptr(collective_mismatch_error(concat(
+        "collective mismatch between ", who, ", which issued their collectives in orders that ",
+        "wait on each other: ", waits, "; none of these can complete")));
   }
 
   const int n_;
   const threads_options opt_;
   std::shared_ptr<group_registry> registry_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::pair<std::vector<int>, std::int64_t>, std::shared_ptr<slot>> slots_;
-  std::vector<std::map<std::vector<int>, std::int64_t>> issued_;
+  std::map<threads_group_key, group_state> groups_;
   std::vector<bool> exited_;
-  std::vector<std::vector<pair_log>> pairs_;
+  int exited_count_ = 0;
+  std::vector<threads_slot*> blocked_on_;  // per rank: the collective its worker waits in, or null
+  int waiting_slots_ = 0;                  // collectives with some but not all members arrived
+  std::vector<std::uint64_t> visit_;       // deadlock search marks (== epoch_: visited)
+  std::uint64_t epoch_ = 0;
   bool aborted_ = false;
+  bool mismatch_ = false;
   int failed_rank_ = -1;
   std::string failure_;
   std::exception_ptr first_error_;
@@ -257,11 +371,7 @@ class threads_comm final : public communicator {
 
   work_ptr launch(std::shared_ptr<collective_request> req) override {
     req->rank = rank_;
-    threads_task t;
-    t.group_key = req->group.ranks;
-    t.seq = world_.on_issue(*req);
-    t.req = std::move(req);
-    t.done = std::make_shared<work>();
+    threads_task t = world_.issue(std::move(req));
     work_ptr w = t.done;
     {
       std::lock_guard lk(mu_);
@@ -305,34 +415,82 @@ class threads_comm final : public communicator {
   std::thread worker_;
 };
 
+/// Holds rank threads until every thread of the world exists, so a world that cannot be
+/// created runs no rank's function at all (and leaves no rank waiting for a peer that never
+/// started).
+class start_gate {
+ public:
+  /// Blocks until opened (true) or cancelled (false).
+  bool wait() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return state_ != closed; });
+    return state_ == opened;
+  }
+  void open() { set(opened); }
+  void cancel() { set(cancelled); }
+
+ private:
+  enum state_t { closed, opened, cancelled };
+  void set(state_t s) {
+    {
+      std::lock_guard lk(mu_);
+      state_ = s;
+    }
+    cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  state_t state_ = closed;
+};
+
 }  // namespace detail
 
 /// Runs `fn(rank_context&)` on `n` ranks, each a thread with its own communication worker, and
 /// returns when all have finished. If any rank throws, the world is aborted (every other rank's
-/// pending and future collectives fail with an error naming it) and the first rank's exception
-/// is rethrown here.
+/// pending and future collectives fail with an error naming it, or with the same
+/// collective_mismatch_error when ranks disagreed about a collective) and the first rank's
+/// exception is rethrown here. The world's 2n threads are all created before any rank starts;
+/// when the process cannot create them (thread or memory limits) this throws a ccgraph::error
+/// naming n and the failure, having run no rank's function.
 template <class F>
 void run_threads(int n, F&& fn, threads_options opt = {}) {
   CCGRAPH_CHECK(n >= 1 && n <= 4096, "run_threads: world size must be in [1, 4096], got ", n);
+  detail::check_timeout("run_threads: threads_options::timeout", opt.timeout);
   detail::threads_world world(n, opt);
+  detail::start_gate gate;
+  std::vector<std::shared_ptr<detail::threads_comm>> comms;
   std::vector<std::thread> ranks;
-  ranks.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    ranks.emplace_back([&world, &fn, r, n] {
-      auto comm = std::make_shared<detail::threads_comm>(world, r);
-      rank_context ctx(r, n, device::cpu(), world.registry(), comm);
-      {
-        detail::rank_scope scope(ctx);
-        try {
-          fn(ctx);
-        } catch (...) {
-          world.abort(r, std::current_exception());
+  int created = 0;  // threads, workers first
+  try {
+    comms.reserve(static_cast<std::size_t>(n));
+    ranks.reserve(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r, ++created) comms.push_back(std::make_shared<detail::threads_comm>(world, r));
+    for (int r = 0; r < n; ++r, ++created) {
+      ranks.emplace_back([&world, &fn, &gate, &comms, r, n] {
+        if (!gate.wait()) return;
+        const std::shared_ptr<detail::threads_comm>& comm = comms[static_cast<std::size_t>(r)];
+        rank_context ctx(r, n, device::cpu(), world.registry(), comm);
+        {
+          detail::rank_scope scope(ctx);
+          try {
+            fn(ctx);
+          } catch (...) {
+            world.abort(r, std::current_exception());
+          }
         }
-      }
-      world.mark_exited(r);
-      comm->drain_and_join();
-    });
+        world.mark_exited(r);
+        comm->drain_and_join();
+      });
+    }
+  } catch (const std::exception& e) {
+    gate.cancel();
+    for (auto& t : ranks) t.join();
+    comms.clear();  // idle workers: each stops at once
+    CCGRAPH_THROW(error, "run_threads: cannot start a world of ", n, " ranks: creating thread ",
+                  created + 1, " of its ", 2 * n, " threads failed (", e.what(),
+                  "); no rank's function was run");
   }
+  gate.open();
   for (auto& t : ranks) t.join();
   if (auto e = world.first_error()) std::rethrow_exception(e);
 }

@@ -1,8 +1,9 @@
 // ccgraph/schedule/bucketing.hpp: bucket_collectives, which merges runs of adjacent collectives
 // of one kind (same group, reduce op and dtype) into one coalesced collective under a byte cap,
 // as DDP/FSDP gradient bucketing and Inductor's bucketing passes do. It never merges across a
-// dependency and never changes the relative order of collectives, and it decides from shapes,
-// dtypes and groups only, so every rank derives the same buckets from the same program.
+// dependency or another group's collective and never changes the relative order of
+// collectives; the members of each group agree on its buckets (schedule/agreement.hpp), so
+// they issue the same collectives even where their programs differ.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +11,6 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <queue>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -20,6 +20,9 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/ir/graph.hpp>
+#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/schedule/agreement.hpp>
+#include <ccgraph/schedule/rewrite.hpp>
 
 namespace ccgraph {
 namespace detail {
@@ -73,12 +76,12 @@ inline std::optional<dtype> input_dtype(const node& n) {
   return d;
 }
 
-/// True when collectives `a` and `b` may share one coalesced launch: same family, group (rank
-/// list), reduce op and dtype.
+/// True when collectives `a` and `b` may share one coalesced launch: same family, group (ranks
+/// and tag), reduce op and dtype.
 inline bool bucket_compatible(const node& a, const node& b) {
   const auto ca = *a.collective(), cb = *b.collective();
   const int fa = bucket_family(ca);
-  return fa >= 0 && fa == bucket_family(cb) && a.group()->ranks == b.group()->ranks &&
+  return fa >= 0 && fa == bucket_family(cb) && *a.group() == *b.group() &&
          reduce_op_of(ca) == reduce_op_of(cb) && input_dtype(a) && input_dtype(a) == input_dtype(b);
 }
 
@@ -93,115 +96,132 @@ inline node_op coalesced_op_for(const node& first) {
   }
 }
 
-/// Reorders `g` into a topological order that changes the current one as little as possible:
-/// among the nodes whose inputs are placed, the earliest in the current order goes first. A
-/// graph already in topological order is left as it is. Used after a pass put a node after
-/// some of its readers.
-inline void restore_topological_order(graph& g) {
-  const std::vector<node*>& nodes = g.nodes();
-  const std::size_t n = nodes.size();
-  bool sorted = true;
-  std::vector<int> indeg(n, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::vector<const node*> seen;
-    for (auto& a : nodes[i]->args()) {
-      if (std::find(seen.begin(), seen.end(), a.src) != seen.end()) continue;
-      seen.push_back(a.src);
-      ++indeg[i];
-      sorted = sorted && g.position(a.src) < i;
-    }
-  }
-  if (sorted) return;
-  std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-  for (std::size_t i = 0; i < n; ++i)
-    if (indeg[i] == 0) ready.push(i);
-  std::vector<node*> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    const std::size_t i = ready.top();
-    ready.pop();
-    order.push_back(nodes[i]);
-    for (node* u : nodes[i]->users())
-      if (--indeg[g.position(u)] == 0) ready.push(g.position(u));
-  }
-  CCGRAPH_CHECK(order.size() == n, "restore_topological_order: the graph has a cycle");
-  g.reorder(order);
-}
-
 }  // namespace detail
 
 /// Merges runs of adjacent collectives into coalesced ones (Inductor's and DDP's bucketing).
-/// Looking at collectives only, in program order, a run of all_reduce (or all_gather_into_tensor,
-/// or reduce_scatter_tensor) nodes, or their coalesced forms, with the same group, reduce op
-/// and dtype becomes one all_reduce_coalesced (all_gather_into_tensor_coalesced,
-/// reduce_scatter_tensor_coalesced) node, as long as their inputs total at most `cap_bytes` and
-/// no member depends, even through other nodes, on another member's result. A collective of
-/// another kind, or one larger than the cap, ends the run and stays as it is; a run of one is
-/// left as it is. The merged node takes the place of the run's last collective (where every
-/// member's inputs exist), so collectives keep their relative order; each original output is
-/// read through its own output of the merged node (one wait each, as before), and readers that
-/// came before the merged node move just after it.
-inline void bucket_collectives(graph& g, std::int64_t cap_bytes) {
+/// Looking at each group's collectives, in program order, a run of all_reduce (or
+/// all_gather_into_tensor, or reduce_scatter_tensor) nodes, or their coalesced forms, with the
+/// same reduce op and dtype becomes one all_reduce_coalesced (all_gather_into_tensor_coalesced,
+/// reduce_scatter_tensor_coalesced) node, as long as their inputs total at most `cap_bytes`, no
+/// collective of another group comes between two of them and no member depends, even through
+/// other nodes, on another member's result. A collective of another kind, or one larger than
+/// the cap, ends the run and stays as it is; a run of one is left as it is. The merged node
+/// takes the place of the run's last collective (where every member's inputs exist), so
+/// collectives keep their relative order; each original output is read through its own output
+/// of the merged node (one wait each, as before), and readers that came before the merged node
+/// move just after it.
+///
+/// Runs are proposed from each group's collectives alone, which every member sees alike; what
+/// a member's own graph forbids (another group's collective in between, a dependence) the
+/// members agree on through `ctx` (see schedule/agreement.hpp), so every member of each group
+/// merges the same collectives. Inside run_threads or run_gpus that is the calling thread's
+/// rank context, and `g` must be that rank's graph; with `ctx` null the pass decides from `g`
+/// alone, which is right when every rank schedules the same program (collective_agreement).
+/// O((V + E) log V).
+inline void bucket_collectives(graph& g, std::int64_t cap_bytes, rank_context* ctx = detail::current_rank_ptr()) {
   const std::vector<node*> nodes = g.nodes();
   const std::size_t n = nodes.size();
+  std::vector<node*> comms;
+  std::vector<std::int64_t> comm_index(n, -1);  // by position
+  for (std::size_t i = 0; i < n; ++i)
+    if (nodes[i]->is_collective()) {
+      comm_index[i] = static_cast<std::int64_t>(comms.size());
+      comms.push_back(nodes[i]);
+    }
+  // Every group then has at most one collective: nothing to propose, on any member.
+  if (comms.size() < 2) return;
+  // The latest collective (by comms index) each node depends on, -1 for none.
+  std::vector<std::int64_t> latest(n, -1);
+  for (std::size_t i = 0; i < n; ++i)
+    for (auto& a : nodes[i]->args()) {
+      const std::size_t j = g.position(a.src);
+      latest[i] = std::max({latest[i], latest[j], comm_index[j]});
+    }
 
-  // One scan: `tainted` marks what depends on the open bucket's members, so a collective that
-  // reads a tainted node would merge across a dependency.
-  std::vector<std::vector<node*>> buckets;
-  std::vector<node*> open;
-  std::int64_t open_bytes = 0;
-  std::vector<char> tainted(n, 0);
-  std::vector<std::size_t> tainted_list;
-  auto taint = [&](std::size_t i) {
-    tainted[i] = 1;
-    tainted_list.push_back(i);
-  };
-  auto close = [&] {
-    if (open.size() >= 2) buckets.push_back(open);
-    open.clear();
-    open_bytes = 0;
-    for (std::size_t i : tainted_list) tainted[i] = 0;
-    tainted_list.clear();
-  };
-  for (std::size_t i = 0; i < n; ++i) {
-    node* v = nodes[i];
-    bool depends = false;
-    // (g itself changes only after the scan, when the buckets merge)
-    for (auto& a : v->args()) depends = depends || tainted[g.position(a.src)];
-    if (!v->is_collective()) {
-      if (depends) taint(i);
-      continue;
+  std::vector<detail::group_facts> groups = detail::groups_of(comms);
+  std::vector<std::size_t> group_of(comms.size()), index_in_group(comms.size());
+  for (std::size_t k = 0; k < groups.size(); ++k)
+    for (std::size_t j = 0; j < groups[k].members.size(); ++j) {
+      group_of[groups[k].members[j]] = k;
+      index_in_group[groups[k].members[j]] = j;
     }
-    const std::int64_t bytes = detail::input_bytes(*v);
-    if (!open.empty() && !depends && detail::bucket_compatible(*open.front(), *v) &&
-        open_bytes + bytes <= cap_bytes) {
-      open.push_back(v);
-      open_bytes += bytes;
-      taint(i);
-      continue;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    detail::group_facts& gf = groups[k];
+    const std::vector<std::size_t>& m = gf.members;
+    for (std::size_t j = 1; j < m.size(); ++j)
+      gf.proposes = gf.proposes || detail::bucket_compatible(*comms[m[j - 1]], *comms[m[j]]);
+    if (!gf.proposes) continue;
+    // Per member j, the latest member it may not share a bucket with: the one before it when a
+    // collective of another group comes between them, else the latest member it depends on.
+    // A bucket from member s on takes j only while this is below s.
+    gf.facts.assign(m.size(), -1);
+    for (std::size_t j = 0; j < m.size(); ++j) {
+      const std::int64_t dep = latest[g.position(comms[m[j]])];
+      if (dep >= 0 && group_of[static_cast<std::size_t>(dep)] == k)
+        gf.facts[j] = static_cast<std::int64_t>(index_in_group[static_cast<std::size_t>(dep)]);
+      if (j > 0 && m[j] != m[j - 1] + 1) gf.facts[j] = std::max<std::int64_t>(gf.facts[j], static_cast<std::int64_t>(j) - 1);
     }
-    close();
-    if (detail::bucket_family(*v->collective()) >= 0 && detail::input_dtype(*v) && bytes <= cap_bytes) {
-      open.push_back(v);
-      open_bytes = bytes;
-      taint(i);
-    }
+    if (ctx) gf.hash = detail::collectives_hash(comms, m, "bucket_collectives", {cap_bytes});
   }
-  close();
-  if (buckets.empty()) return;
+  detail::agree_on_groups(ctx, "bucket_collectives", groups);
 
+  // Each group's runs, greedily in program order, from the agreed facts.
+  std::vector<std::vector<node*>> buckets;
+  for (const detail::group_facts& gf : groups) {
+    if (!gf.proposes || !gf.agreed) continue;
+    const std::vector<std::size_t>& m = gf.members;
+    std::size_t start = 0;
+    std::vector<node*> open;
+    std::int64_t open_bytes = 0;
+    for (std::size_t j = 0; j < m.size(); ++j) {
+      node* v = comms[m[j]];
+      const std::int64_t bytes = detail::input_bytes(*v);
+      if (!open.empty() && gf.facts[j] < static_cast<std::int64_t>(start) &&
+          detail::bucket_compatible(*open.front(), *v) && open_bytes + bytes <= cap_bytes) {
+        open.push_back(v);
+        open_bytes += bytes;
+        continue;
+      }
+      if (open.size() >= 2) buckets.push_back(open);
+      open.clear();
+      if (detail::bucket_family(*v->collective()) >= 0 && detail::input_dtype(*v) && bytes <= cap_bytes) {
+        open.push_back(v);
+        open_bytes = bytes;
+        start = j;
+      }
+    }
+    if (open.size() >= 2) buckets.push_back(open);
+  }
+  if (buckets.empty()) return;
+  // Merged nodes are made in program order (their names follow it).
+  std::sort(buckets.begin(), buckets.end(),
+            [&](const auto& a, const auto& b) { return g.position(a.front()) < g.position(b.front()); });
+
+  std::vector<node*> merged_after(n, nullptr);  // by position: the merged node of the bucket ending there
+  std::vector<node*> members;
   for (const auto& bucket : buckets) {
     std::vector<value_ref> args;
     for (node* c : bucket) args.insert(args.end(), c->args().begin(), c->args().end());
     const node_op op = detail::coalesced_op_for(*bucket.front());
-    node* merged = g.insert_after(bucket.back(), op, std::move(args), bucket.front()->group(), name_of(op));
+    node* merged = g.add(op, std::move(args), bucket.front()->group(), name_of(op));
+    merged_after[g.position(bucket.back())] = merged;
     int k = 0;
     for (node* c : bucket)
       for (int o = 0; o < c->num_outputs(); ++o) g.replace_all_uses({c, o}, {merged, k++});
-    for (node* c : bucket) g.erase(c);
+    members.insert(members.end(), bucket.begin(), bucket.end());
   }
-  // Readers of a member that ran before the run's last collective now follow the merged node.
-  detail::restore_topological_order(g);
+  // The merged nodes where their runs' last collectives were; readers of a member that ran
+  // before that now follow the merged node.
+  std::vector<char> gone(n, 0);
+  for (node* c : members) gone[g.position(c)] = 1;
+  std::vector<node*> preferred;
+  preferred.reserve(g.size() - members.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!gone[i]) preferred.push_back(nodes[i]);
+    if (merged_after[i]) preferred.push_back(merged_after[i]);
+  }
+  g.erase(members);
+  detail::restore_topological_order(g, preferred);
 }
 
 }  // namespace ccgraph

@@ -3,7 +3,8 @@
 // i+1's matmuls: XLA's collective-matmul decomposition and PyTorch's async-TP, as a graph pass.
 // Each output row is computed by exactly the same arithmetic as before (matmul rows and
 // pointwise elements are independent, collectives reduce element by element), so results are
-// bitwise unchanged. It decides from shapes and groups only, so every rank splits alike.
+// bitwise unchanged. The members of each group agree on which collectives split
+// (schedule/agreement.hpp), so they issue the same chunks even where their programs differ.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,9 @@
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/graph.hpp>
+#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/schedule/agreement.hpp>
+#include <ccgraph/schedule/rewrite.hpp>
 
 namespace ccgraph {
 namespace detail {
@@ -91,16 +95,21 @@ inline std::vector<node*> row_region(const graph& g, node* top) {
     // Every reader of v sits later, so it has been decided by now.
     if (whole.count(v) || !row_args(*v) || v->shape()[0] != top->shape()[0]) continue;
     bool only_region_reads = true;
-    for (const node* u : v->users()) only_region_reads = only_region_reads && in.count(u);
+    for (const node* u : v->users())  // stops at the first outside reader: O(region), not O(users)
+      if (!in.count(u)) {
+        only_region_reads = false;
+        break;
+      }
     if (only_region_reads) take(v);
   }
   return region;
 }
 
-/// Builds one row chunk of a region: new nodes go one after another after `cursor`.
+/// Builds one row chunk of a region: new nodes are added to the graph (at its end) and listed,
+/// one after another, in `*into`, the run of nodes the pass places where the old ones were.
 struct row_chunk_builder {
   graph& g;
-  node* cursor;
+  std::vector<node*>* into;
   std::unordered_set<const node*> region;
   row_ranges ranges;
   std::string suffix;
@@ -108,8 +117,9 @@ struct row_chunk_builder {
 
   /// Adds a node after the previous one.
   node* emit(node_op op, std::vector<value_ref> args, std::optional<group_info> grp, const std::string& hint) {
-    cursor = g.insert_after(cursor, std::move(op), std::move(args), std::move(grp), hint);
-    return cursor;
+    node* v = g.add(std::move(op), std::move(args), std::move(grp), hint);
+    into->push_back(v);
+    return v;
   }
 
   /// Starts the next chunk: its rows and the suffix of its node names.
@@ -142,60 +152,51 @@ struct row_chunk_builder {
   }
 };
 
-/// y = row-wise chain ending in a matmul -> all_reduce(y) or reduce_scatter_tensor(y) -> wait:
-/// per chunk, the chain on the chunk's rows and the collective on the result, then the waits
-/// and a cat where the wait was. For reduce_scatter over n ranks, chunk i takes sub-rows i of
-/// each rank's block of y, so that it scatters to every rank its own rows i.
-inline bool decompose_rows_then_collective(graph& g, node* c, int chunks) {
-  if (c->args().size() != 1 || c->users().size() != 1 || !c->users().front()->is_wait()) return false;
-  node* w = c->users().front();
+/// One decomposition, found on the graph before the pass changes it: the collective, its wait,
+/// and the nodes recomputed per chunk (a row region, in descending position, for a collective
+/// fed by rows; the chain after the wait, in order, for an all_gather).
+struct decomposition {
+  node* collective = nullptr;
+  node* wait = nullptr;
+  bool gather = false;
+  std::vector<node*> nodes;
+
+  /// Every node the decomposition replaces.
+  template <class F>
+  void for_each_replaced(F&& f) const {
+    f(collective);
+    f(wait);
+    for (node* v : nodes) f(v);
+  }
+};
+
+/// y = row-wise chain ending in a matmul -> all_reduce(y) or reduce_scatter_tensor(y) -> wait,
+/// with at least `chunks` rows (per rank's block for reduce_scatter) and a matmul in the region.
+inline std::optional<decomposition> match_rows_then_collective(const graph& g, node* c, int chunks) {
+  if (c->args().size() != 1 || c->users().size() != 1 || !c->users().front()->is_wait()) return std::nullopt;
   node* y = c->args().front().src;
-  if (y->users().size() != 1 || !row_args(*y)) return false;
+  if (y->users().size() != 1 || !row_args(*y)) return std::nullopt;
   const std::int64_t blocks = std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()) ? c->group()->size() : 1;
-  const std::int64_t rows = y->shape()[0] / blocks;
-  if (rows < chunks) return false;
-  const std::vector<node*> region = row_region(g, y);
+  if (y->shape()[0] / blocks < chunks) return std::nullopt;
+  std::vector<node*> region = row_region(g, y);
   bool has_matmul = false;
   for (node* v : region) has_matmul = has_matmul || std::holds_alternative<ops::matmul>(v->kind());
-  if (!has_matmul) return false;
-
-  row_chunk_builder b{g, c, {region.begin(), region.end()}, {}, {}, {}};
-  std::vector<node*> pieces;
-  const row_ranges split = chunk_rows(rows, chunks);
-  for (std::size_t i = 0; i < split.size(); ++i) {
-    row_ranges r;
-    for (std::int64_t blk = 0; blk < blocks; ++blk) r.emplace_back(blk * rows + split[i].first, split[i].second);
-    b.start(std::move(r), static_cast<int>(i));
-    const value_ref yi = b.rows_of({y, 0});
-    pieces.push_back(b.emit(c->kind(), {yi}, c->group(), std::string(c->op())));
-  }
-  b.cursor = w;
-  std::vector<value_ref> waited;
-  for (node* p : pieces) waited.push_back({b.emit(ops::wait_tensor{}, {{p, 0}}, std::nullopt, "wait_tensor"), 0});
-  node* joined = b.emit(ops::cat{0}, std::move(waited), std::nullopt, "cat");
-  g.replace_all_uses({w, 0}, {joined, 0});
-  g.erase(w);
-  g.erase(c);
-  for (node* v : region) g.erase(v);  // descending position: readers first
-  return true;
+  if (!has_matmul) return std::nullopt;
+  return decomposition{c, c->users().front(), false, std::move(region)};
 }
 
 /// all_gather_into_tensor(x) -> wait -> matmul (-> further row-wise nodes, each the only reader
-/// of the previous one): per chunk of x's rows, its all_gather where the all_gather was, then
-/// at the chain's end its wait and the chain; the chunks' rows are put back in the gathered
-/// order (rank-major: rank r's rows of chunk 0, of chunk 1, ...) with narrow and one cat.
-inline bool decompose_gather_then_rows(graph& g, node* ag, int chunks) {
-  if (ag->args().size() != 1 || ag->users().size() != 1 || !ag->users().front()->is_wait()) return false;
+/// of the previous one), with at least `chunks` rows in x.
+inline std::optional<decomposition> match_gather_then_rows(node* ag, int chunks) {
+  if (ag->args().size() != 1 || ag->users().size() != 1 || !ag->users().front()->is_wait()) return std::nullopt;
   node* w = ag->users().front();
-  if (w->users().size() != 1) return false;
+  if (w->users().size() != 1) return std::nullopt;
   node* mm = w->users().front();
   if (!std::holds_alternative<ops::matmul>(mm->kind()) || !row_args(*mm) ||
       !(mm->args()[0] == value_ref{w, 0}) || mm->args()[1].src == w)
-    return false;
+    return std::nullopt;
   const value_ref x = ag->args().front();
-  const std::int64_t ranks = ag->group()->size();
-  const std::int64_t rows = x.src->shape(x.index)[0];
-  if (rows < chunks) return false;
+  if (x.src->shape(x.index)[0] < chunks) return std::nullopt;
   // Extend the chain through row-wise nodes that only the chain reads.
   std::vector<node*> chain{mm};
   for (node* tail = mm; tail->users().size() == 1;) {
@@ -208,9 +209,52 @@ inline bool decompose_gather_then_rows(graph& g, node* ag, int chunks) {
     chain.push_back(u);
     tail = u;
   }
+  return decomposition{ag, w, true, std::move(chain)};
+}
+
+/// The nodes each decomposition places where an old node was.
+struct placements {
+  std::unordered_map<const node*, std::vector<node*>> after;  // after (in place of) the key
+};
+
+/// Per chunk, the region on the chunk's rows and the collective on the result (where the
+/// collective was), then the waits and a cat where the wait was. For reduce_scatter over n
+/// ranks, chunk i takes sub-rows i of each rank's block of y, so that it scatters to every rank
+/// its own rows i.
+inline void decompose_rows_then_collective(graph& g, const decomposition& d, int chunks, placements& at) {
+  node* c = d.collective;
+  node* y = c->args().front().src;
+  const std::int64_t blocks = std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()) ? c->group()->size() : 1;
+  const std::int64_t rows = y->shape()[0] / blocks;
+  row_chunk_builder b{g, &at.after[c], {d.nodes.begin(), d.nodes.end()}, {}, {}, {}};
+  std::vector<node*> pieces;
+  const row_ranges split = chunk_rows(rows, chunks);
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    row_ranges r;
+    for (std::int64_t blk = 0; blk < blocks; ++blk) r.emplace_back(blk * rows + split[i].first, split[i].second);
+    b.start(std::move(r), static_cast<int>(i));
+    const value_ref yi = b.rows_of({y, 0});
+    pieces.push_back(b.emit(c->kind(), {yi}, c->group(), std::string(c->op())));
+  }
+  b.into = &at.after[d.wait];
+  std::vector<value_ref> waited;
+  for (node* p : pieces) waited.push_back({b.emit(ops::wait_tensor{}, {{p, 0}}, std::nullopt, "wait_tensor"), 0});
+  node* joined = b.emit(ops::cat{0}, std::move(waited), std::nullopt, "cat");
+  g.replace_all_uses({d.wait, 0}, {joined, 0});
+}
+
+/// Per chunk of x's rows, its all_gather where the all_gather was, then at the chain's end its
+/// wait and the chain; the chunks' rows are put back in the gathered order (rank-major: rank
+/// r's rows of chunk 0, of chunk 1, ...) with narrow and one cat.
+inline void decompose_gather_then_rows(graph& g, const decomposition& d, int chunks, placements& at) {
+  node* ag = d.collective;
+  const value_ref x = ag->args().front();
+  const std::int64_t ranks = ag->group()->size();
+  const std::int64_t rows = x.src->shape(x.index)[0];
+  const std::vector<node*>& chain = d.nodes;
   node* tail = chain.back();
 
-  row_chunk_builder b{g, ag, {}, {}, {}, {}};
+  row_chunk_builder b{g, &at.after[ag], {}, {}, {}, {}};
   const row_ranges split = chunk_rows(rows, chunks);
   std::vector<node*> gathers;
   for (std::size_t i = 0; i < split.size(); ++i) {
@@ -218,11 +262,11 @@ inline bool decompose_gather_then_rows(graph& g, node* ag, int chunks) {
     const value_ref xi = b.rows_of(x);
     gathers.push_back(b.emit(ag->kind(), {xi}, ag->group(), std::string(ag->op())));
   }
-  b.cursor = tail;
+  b.into = &at.after[tail];
   std::vector<node*> results;
   for (std::size_t i = 0; i < split.size(); ++i) {
     const std::string suffix = "_c" + std::to_string(i);
-    node* prev_old = w;
+    node* prev_old = d.wait;
     node* prev_new = b.emit(ops::wait_tensor{}, {{gathers[i], 0}}, std::nullopt, "wait_tensor");
     for (node* v : chain) {
       std::vector<value_ref> args = v->args();
@@ -243,10 +287,16 @@ inline bool decompose_gather_then_rows(graph& g, node* ag, int chunks) {
     }
   node* joined = b.emit(ops::cat{0}, std::move(parts), std::nullopt, "cat");
   g.replace_all_uses({tail, 0}, {joined, 0});
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) g.erase(*it);
-  g.erase(w);
-  g.erase(ag);
-  return true;
+}
+
+/// The collectives decompose_matmul_collectives may split, from the collective alone (so every
+/// member of its group sees alike): all_reduce, reduce_scatter_tensor and all_gather_into_tensor
+/// of one 2-d input.
+inline bool decomposable(const node& c) {
+  const bool kind = std::holds_alternative<ops::all_reduce>(c.kind()) ||
+                    std::holds_alternative<ops::reduce_scatter_tensor>(c.kind()) ||
+                    std::holds_alternative<ops::all_gather_into_tensor>(c.kind());
+  return kind && c.args().size() == 1 && c.args().front().src->shape(c.args().front().index).size() == 2;
 }
 
 }  // namespace detail
@@ -264,20 +314,75 @@ inline bool decompose_gather_then_rows(graph& g, node* ag, int chunks) {
 ///  - all_gather_into_tensor(x) -> wait -> matmul (-> row-wise nodes only the chain reads): x's
 ///    rows are chunked, each chunk gathered (where the gather was) and run through the chain
 ///    (where the chain ended), and the rows put back in the gathered, rank-major order.
-/// Collectives keep their relative order (a split collective becomes a run of collectives in its
-/// place), and results are bitwise unchanged.
-inline void decompose_matmul_collectives(graph& g, int chunks) {
-  if (chunks < 2) return;
-  std::vector<node*> collectives;
-  for (node* n : g.nodes())
-    if (n->is_collective()) collectives.push_back(n);
-  for (node* c : collectives) {
-    if (std::holds_alternative<ops::all_reduce>(c->kind()) ||
-        std::holds_alternative<ops::reduce_scatter_tensor>(c->kind()))
-      detail::decompose_rows_then_collective(g, c, chunks);
-    else if (std::holds_alternative<ops::all_gather_into_tensor>(c->kind()))
-      detail::decompose_gather_then_rows(g, c, chunks);
+/// The patterns are found on the graph as it is; one that shares a node with an earlier one is
+/// left alone. Collectives keep their relative order (a split collective becomes a run of
+/// collectives in its place), and results are bitwise unchanged.
+///
+/// Whether a collective splits depends on its producers and readers, which are the rank's own:
+/// the members of each group agree through `ctx` (see schedule/agreement.hpp) and split a
+/// collective only where every member can, so they issue the same chunks. Inside run_threads
+/// or run_gpus that is the calling thread's rank context, and `g` must be that rank's graph;
+/// with `ctx` null the pass decides from `g` alone, which is right when every rank schedules the
+/// same program (collective_agreement). O((V + E) log V).
+inline void decompose_matmul_collectives(graph& g, int chunks, rank_context* ctx = detail::current_rank_ptr()) {
+  const std::vector<node*> nodes = g.nodes();
+  const std::size_t n = nodes.size();
+  std::vector<node*> comms;
+  for (node* v : nodes)
+    if (v->is_collective()) comms.push_back(v);
+  std::vector<detail::group_facts> groups = detail::groups_of(comms);
+
+  // This rank's matches, in program order; a match sharing a node with an earlier one is left
+  // out (the earlier rewrite replaces that node).
+  std::vector<std::optional<detail::decomposition>> found(comms.size());
+  std::vector<char> claimed(n, 0);  // by position
+  for (std::size_t i = 0; i < comms.size() && chunks >= 2; ++i) {
+    node* c = comms[i];
+    if (!detail::decomposable(*c)) continue;
+    found[i] = std::holds_alternative<ops::all_gather_into_tensor>(c->kind())
+                   ? detail::match_gather_then_rows(c, chunks)
+                   : detail::match_rows_then_collective(g, c, chunks);
+    if (!found[i]) continue;
+    bool shared = false;
+    found[i]->for_each_replaced([&](node* v) { shared = shared || claimed[g.position(v)]; });
+    if (shared) found[i].reset();
+    else found[i]->for_each_replaced([&](node* v) { claimed[g.position(v)] = 1; });
   }
+  // Per group: for each member, 1 where this rank cannot split it (agreed: where some member cannot).
+  for (detail::group_facts& gf : groups) {
+    for (std::size_t i : gf.members) gf.proposes = gf.proposes || detail::decomposable(*comms[i]);
+    if (!gf.proposes) continue;
+    for (std::size_t i : gf.members) gf.facts.push_back(found[i] ? 0 : 1);
+    if (ctx) gf.hash = detail::collectives_hash(comms, gf.members, "decompose_matmul_collectives", {chunks});
+  }
+  detail::agree_on_groups(ctx, "decompose_matmul_collectives", groups);
+
+  detail::placements at;
+  std::vector<node*> replaced;
+  for (const detail::group_facts& gf : groups)
+    for (std::size_t j = 0; j < gf.members.size(); ++j)
+      if (!gf.proposes || !gf.agreed || gf.facts[j] != 0) found[gf.members[j]].reset();
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    if (!found[i]) continue;
+    const detail::decomposition& d = *found[i];
+    if (d.gather) detail::decompose_gather_then_rows(g, d, chunks, at);
+    else detail::decompose_rows_then_collective(g, d, chunks, at);
+    d.for_each_replaced([&](node* v) { replaced.push_back(v); });
+  }
+  if (replaced.empty()) return;
+  // New nodes where the nodes they replace were (a rewrite's nodes read only nodes before
+  // them), then the replaced nodes go.
+  std::vector<char> gone(n, 0);
+  for (node* v : replaced) gone[g.position(v)] = 1;
+  std::vector<node*> preferred;
+  preferred.reserve(g.size() - replaced.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!gone[i]) preferred.push_back(nodes[i]);
+    if (auto it = at.after.find(nodes[i]); it != at.after.end())
+      preferred.insert(preferred.end(), it->second.begin(), it->second.end());
+  }
+  g.erase(replaced);
+  detail::restore_topological_order(g, preferred);
 }
 
 }  // namespace ccgraph

@@ -20,6 +20,10 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
+#include <queue>
+#include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -121,42 +125,74 @@ struct memory_plan {
 
 namespace detail {
 
-/// The positions of every node reading output `index` of `n`.
-inline std::vector<const node*> readers_of(const node* n, int index) {
-  std::vector<const node*> r;
-  for (const node* u : n->users())
-    for (auto& a : u->args())
-      if (a.src == n && a.index == index) {
-        r.push_back(u);
-        break;
-      }
-  return r;
-}
-
-/// Liveness facts of a graph in its current order, shared by the planner and the checker.
+/// Liveness facts of a graph in its current order, shared by the planner and the checker, all
+/// computed in one pass over the arguments (O(V + E)): each value's readers, and each node's
+/// read_end.
 struct liveness_info {
   const graph& g;
   std::size_t end = 0;  // the last position (the output node's)
 
-  explicit liveness_info(const graph& gr) : g(gr), end(gr.size() ? gr.size() - 1 : 0) {}
+  explicit liveness_info(const graph& gr) : g(gr), end(gr.size() ? gr.size() - 1 : 0) {
+    const auto& nodes = g.nodes();
+    const std::size_t n = nodes.size();
+    // Values numbered by position, then output: value_begin_[p] + k.
+    value_begin_.assign(n + 1, 0);
+    for (std::size_t p = 0; p < n; ++p)
+      value_begin_[p + 1] = value_begin_[p] + static_cast<std::size_t>(nodes[p]->num_outputs());
+    // Readers of each value, by position; a node reading a value twice is listed once (its
+    // reads of one value come one after another, as readers are filled by position).
+    std::vector<std::size_t> count(value_begin_[n] + 1, 0);
+    for (const node* u : nodes)
+      for (auto& a : u->args()) ++count[value_id(a) + 1];
+    for (std::size_t v = 0; v + 1 < count.size(); ++v) count[v + 1] += count[v];
+    reader_begin_ = count;
+    readers_.resize(count.back());
+    for (const node* u : nodes)
+      for (auto& a : u->args()) {
+        const std::size_t v = value_id(a);
+        if (count[v] == reader_begin_[v] || readers_[count[v] - 1] != u) readers_[count[v]++] = u;
+      }
+    reader_end_.assign(count.begin(), count.end() - 1);
+    // read_end of every node.
+    read_end_.assign(n, 0);
+    for (std::size_t p = 0; p < n; ++p) {
+      const node* r = nodes[p];
+      std::size_t e = p;
+      if (std::holds_alternative<ops::output>(r->kind())) e = end;
+      else if (r->is_collective())
+        for (int k = 0; k < r->num_outputs() && e != end; ++k) {
+          const auto rs = readers(p, k);
+          if (rs.empty()) e = end;
+          for (const node* w : rs) {
+            if (!w->is_wait()) {
+              e = end;
+              break;
+            }
+            e = std::max(e, g.position(w));
+          }
+        }
+      read_end_[p] = e;
+    }
+  }
 
   /// Until when a node reading a value may still read it: its own position; for a collective,
   /// its last wait (the worker reads asynchronously), or the end when an output is not waited
   /// inside the graph; for the output node, the end (and past the run).
-  std::size_t read_end(const node* r) const {
-    if (std::holds_alternative<ops::output>(r->kind())) return end;
-    std::size_t e = g.position(r);
-    if (!r->is_collective()) return e;
-    for (int k = 0; k < r->num_outputs(); ++k) {
-      const auto rs = readers_of(r, k);
-      if (rs.empty()) return end;
-      for (const node* w : rs) {
-        if (!w->is_wait()) return end;
-        e = std::max(e, g.position(w));
-      }
-    }
-    return e;
+  std::size_t read_end(const node* r) const { return read_end_[g.position(r)]; }
+
+  /// The nodes reading output `k` of the node at position `p`, each once, by position.
+  std::span<const node* const> readers(std::size_t p, int k) const {
+    const std::size_t v = value_begin_[p] + static_cast<std::size_t>(k);
+    return {readers_.data() + reader_begin_[v], reader_end_[v] - reader_begin_[v]};
   }
+  /// The nodes reading `v`, each once, by position.
+  std::span<const node* const> readers(value_ref v) const { return readers(g.position(v.src), v.index); }
+
+ private:
+  std::size_t value_id(value_ref v) const { return value_begin_[g.position(v.src)] + static_cast<std::size_t>(v.index); }
+
+  std::vector<std::size_t> value_begin_, reader_begin_, reader_end_, read_end_;
+  std::vector<const node*> readers_;
 };
 
 inline std::int64_t align_up(std::int64_t v, std::int64_t a) { return (v + a - 1) / a * a; }
@@ -357,6 +393,89 @@ inline std::vector<std::size_t> breadth_order(const std::vector<pack_item>& item
   return order;
 }
 
+/// pack() for one order in one sweep over time: buffers placed as they start (by first
+/// position, larger first on ties, then by index; or, `backward`, by last position from the
+/// end), each in the tightest gap between the buffers live then, or on top of them. The
+/// buffers live when an item starts are exactly the placed ones it overlaps, so this gives
+/// pack()'s offsets for that order with best fit, in O(m log m) for m items, where pack()
+/// costs O(m + k) per item for the k items live at some time with it.
+inline std::pair<std::vector<std::int64_t>, std::int64_t> pack_sweep(const std::vector<pack_item>& items,
+                                                                     bool backward, std::int64_t alignment) {
+  const std::size_t m = items.size();
+  std::size_t horizon = 0;
+  for (const pack_item& it : items) horizon = std::max(horizon, it.last);
+  // Times in the sweep's direction: an item lives over [start, finish].
+  auto start = [&](std::size_t i) { return backward ? horizon - items[i].last : items[i].first; };
+  auto finish = [&](std::size_t i) { return backward ? horizon - items[i].first : items[i].last; };
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < m; ++i)
+    if (items[i].bytes > 0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (start(a) != start(b)) return start(a) < start(b);
+    if (items[a].bytes != items[b].bytes) return items[a].bytes > items[b].bytes;
+    return a < b;
+  });
+  std::vector<std::int64_t> off(m, 0);
+  std::int64_t arena = 0;
+  std::map<std::int64_t, std::int64_t> live;                  // offset -> end, of the placed live items
+  std::set<std::pair<std::int64_t, std::int64_t>> gaps;       // (size, offset) of the holes between them
+  using ending = std::pair<std::size_t, std::size_t>;          // (finish, item)
+  std::priority_queue<ending, std::vector<ending>, std::greater<>> ends;
+  auto release = [&](std::size_t j) {
+    const auto it = live.find(off[j]);
+    const std::int64_t lo = it == live.begin() ? 0 : std::prev(it)->second;
+    const auto next = std::next(it);
+    if (it->first > lo) gaps.erase({it->first - lo, lo});
+    if (next != live.end()) {
+      if (next->first > it->second) gaps.erase({next->first - it->second, it->second});
+      gaps.insert({next->first - lo, lo});
+    }
+    live.erase(it);
+  };
+  for (std::size_t i : order) {
+    while (!ends.empty() && ends.top().first < start(i)) {
+      release(ends.top().second);
+      ends.pop();
+    }
+    const std::int64_t bytes = items[i].bytes;
+    const auto g = gaps.lower_bound({bytes, std::numeric_limits<std::int64_t>::min()});
+    if (g != gaps.end()) {
+      const auto [size, at] = *g;
+      gaps.erase(g);
+      off[i] = at;
+      if (size > bytes) gaps.insert({size - bytes, at + bytes});
+    } else {
+      const std::int64_t top = live.empty() ? 0 : live.rbegin()->second;
+      off[i] = align_up(top, alignment);
+      if (off[i] > top) gaps.insert({off[i] - top, top});
+    }
+    live.emplace(off[i], off[i] + bytes);
+    ends.push({finish(i), i});
+    arena = std::max(arena, off[i] + bytes);
+  }
+  return {std::move(off), arena};
+}
+
+/// Pairs of items whose live intervals overlap (each item with itself included): what packing
+/// in an arbitrary order costs. O(m log m).
+inline std::uint64_t overlapping_pairs(const std::vector<pack_item>& items) {
+  std::vector<std::size_t> firsts, lasts;
+  for (const pack_item& it : items) {
+    firsts.push_back(it.first);
+    lasts.push_back(it.last);
+  }
+  std::sort(firsts.begin(), firsts.end());
+  std::sort(lasts.begin(), lasts.end());
+  std::uint64_t pairs = 0;
+  for (const pack_item& it : items) {
+    // Items starting by this one's end, less those ended before it starts.
+    const auto started = std::upper_bound(firsts.begin(), firsts.end(), it.last) - firsts.begin();
+    const auto ended = std::lower_bound(lasts.begin(), lasts.end(), it.first) - lasts.begin();
+    pairs += static_cast<std::uint64_t>(started - ended);
+  }
+  return pairs;
+}
+
 /// The largest sum of the sizes of items live at one position.
 inline std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t positions) {
   std::vector<std::int64_t> delta(positions + 1, 0);
@@ -379,7 +498,9 @@ inline std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t p
 /// still read elsewhere are never written. Buffers are packed into one arena, trying several
 /// orders (largest first, earliest first, longest-lived first, largest area, TFLite's greedy by
 /// breadth; best and first fit, then seeded random orders while above live_peak_bytes) and
-/// keeping the smallest arena.
+/// keeping the smallest arena. When so many buffers are live at once that this would cost more
+/// than O(m log m) for m buffers, the plan is the better of two sweeps over time (best fit as
+/// buffers start, forward and backward). O((V + E) log V) in all.
 inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = {}) {
   CCGRAPH_CHECK(opt.alignment >= 8 && (opt.alignment & (opt.alignment - 1)) == 0,
                 "plan_memory: alignment must be a power of two of at least 8, got ", opt.alignment);
@@ -404,6 +525,36 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
   std::vector<std::vector<detail::layout>> layout_of(n);
   std::vector<std::vector<int>> buffer_producers;
 
+  // Per buffer, the two distinct readers (of all its values' aliases so far) that read it
+  // longest: what a steal asks ("does any node but this all_reduce still read the buffer
+  // then?") in constant time, where listing every alias's readers costs a steal chain's length.
+  struct latest_readers {
+    std::size_t end1 = 0, end2 = 0;  // read_end + 1 (0: none)
+    const node *r1 = nullptr, *r2 = nullptr;
+    void add(std::size_t e, const node* r) {
+      ++e;
+      if (r == r1) {
+        end1 = std::max(end1, e);
+      } else if (r == r2) {
+        end2 = std::max(end2, e);
+        if (end2 > end1) std::swap(end1, end2), std::swap(r1, r2);
+      } else if (e > end1) {
+        end2 = end1, r2 = r1;
+        end1 = e, r1 = r;
+      } else if (e > end2) {
+        end2 = e, r2 = r;
+      }
+    }
+    /// Whether a reader other than `me` reads until `p` or later.
+    bool read_at_or_after(std::size_t p, const node* me) const { return (r1 != me ? end1 : end2) > p; }
+  };
+  std::vector<latest_readers> buffer_readers;
+  auto add_alias = [&](int id, value_ref v) {
+    producer& pr = producers[static_cast<std::size_t>(id)];
+    pr.aliases.push_back(v);
+    if (buffer_readers.size() <= static_cast<std::size_t>(pr.buffer)) buffer_readers.resize(static_cast<std::size_t>(pr.buffer) + 1);
+    for (const node* r : live.readers(v)) buffer_readers[static_cast<std::size_t>(pr.buffer)].add(live.read_end(r), r);
+  };
   auto new_producer = [&](const node* nd, std::size_t p, int k, int buffer) {
     const int id = static_cast<int>(producers.size());
     producers.push_back({{p, k, detail::ref_str({const_cast<node*>(nd), k})}, nd->meta(k), buffer, {}});
@@ -415,15 +566,8 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
     buffer_producers[static_cast<std::size_t>(buffer)].push_back(id);
     producer_of[p][static_cast<std::size_t>(k)] = id;
     layout_of[p][static_cast<std::size_t>(k)] = detail::contiguous_layout(nd->shape(k));
-    producers[static_cast<std::size_t>(id)].aliases.push_back({const_cast<node*>(nd), k});
+    add_alias(id, {const_cast<node*>(nd), k});
     return id;
-  };
-  auto buffer_aliases = [&](int buffer) {
-    std::vector<value_ref> v;
-    for (int id : buffer_producers[static_cast<std::size_t>(buffer)])
-      v.insert(v.end(), producers[static_cast<std::size_t>(id)].aliases.begin(),
-               producers[static_cast<std::size_t>(id)].aliases.end());
-    return v;
   };
 
   for (std::size_t p = 0; p < n; ++p) {
@@ -445,11 +589,20 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
       }
       producer_of[p][0] = src;
       layout_of[p][0] = nd->is_wait() ? l : detail::view_layout(*nd, l);
-      producers[static_cast<std::size_t>(src)].aliases.push_back({const_cast<node*>(nd), 0});
+      add_alias(src, {const_cast<node*>(nd), 0});
       continue;
     }
     const bool reduces = std::holds_alternative<ops::all_reduce>(nd->kind()) ||
                          std::holds_alternative<ops::all_reduce_coalesced>(nd->kind());
+    // How many of nd's arguments live in each buffer (a steal needs exactly one).
+    std::vector<int> arg_buffers;
+    if (opt.steal && reduces) {
+      for (auto& a : nd->args()) {
+        const int s = producer_of[g.position(a.src)][static_cast<std::size_t>(a.index)];
+        if (s >= 0) arg_buffers.push_back(producers[static_cast<std::size_t>(s)].buffer);
+      }
+      std::sort(arg_buffers.begin(), arg_buffers.end());
+    }
     for (std::size_t k = 0; k < outs; ++k) {
       int steal_from = -1;
       if (opt.steal && reduces) {
@@ -461,16 +614,8 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
             numel_of(l.shape()) == numel_of(producers[static_cast<std::size_t>(src)].meta.shape) &&
             producers[static_cast<std::size_t>(src)].meta.dtype == nd->dtype(static_cast<int>(k))) {
           const int buffer = producers[static_cast<std::size_t>(src)].buffer;
-          bool ok = true;
-          int reads_by_me = 0;
-          for (auto& a : nd->args()) {
-            const int s = producer_of[g.position(a.src)][static_cast<std::size_t>(a.index)];
-            if (s >= 0 && producers[static_cast<std::size_t>(s)].buffer == buffer) ++reads_by_me;
-          }
-          ok = reads_by_me == 1;
-          for (const value_ref& v : ok ? buffer_aliases(buffer) : std::vector<value_ref>{})
-            for (const node* r : detail::readers_of(v.src, v.index))
-              if (r != nd && live.read_end(r) >= p) ok = false;
+          const auto [lo, hi] = std::equal_range(arg_buffers.begin(), arg_buffers.end(), buffer);
+          const bool ok = hi - lo == 1 && !buffer_readers[static_cast<std::size_t>(buffer)].read_at_or_after(p, nd);
           if (ok) steal_from = buffer;
         }
       }
@@ -485,7 +630,7 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
     std::size_t last = pr.value.position;
     bool out = false;
     for (const value_ref& v : pr.aliases)
-      for (const node* r : detail::readers_of(v.src, v.index)) {
+      for (const node* r : live.readers(v)) {
         last = std::max(last, live.read_end(r));
         out = out || std::holds_alternative<ops::output>(r->kind());
       }
@@ -516,6 +661,22 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
   // lifetime) are tried within a budget. Each packing costs O(m log m + k log k) for m buffers
   // of which k are live at once (the interval index finds a buffer's neighbours in time).
   const std::size_t m = items.size();
+  // Packing in an arbitrary order costs O(m + k) per buffer for the k buffers live at some time
+  // with it: fine while few are live at once, quadratic when thousands are. Past a budget of
+  // O(m log m) such pairs, the plan takes the better of two sweeps over time instead (best fit
+  // as buffers start, forward and backward), each O(m log m).
+  const double log_m = std::log2(static_cast<double>(m) + 2);
+  const double budget = std::max(double(1 << 20), 16.0 * static_cast<double>(m) * log_m);
+  if (static_cast<double>(detail::overlapping_pairs(items)) > budget) {
+    auto [off, arena] = detail::pack_sweep(items, false, opt.alignment);
+    if (arena > plan.live_peak_bytes) {
+      auto [off2, arena2] = detail::pack_sweep(items, true, opt.alignment);
+      if (arena2 < arena) off = std::move(off2), arena = arena2;
+    }
+    for (std::size_t i = 0; i < m; ++i) plan.buffers[i].offset = off[i];
+    plan.arena_bytes = arena;
+    return plan;
+  }
   const detail::interval_index index(items);
   auto sorted = [&](auto less) {
     std::vector<std::size_t> o(m);
@@ -689,7 +850,7 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
       }
       int thief_reads = 0;
       for (const value_ref& a : aliases[b][i])
-        for (const node* r : detail::readers_of(a.src, a.index)) {
+        for (const node* r : live.readers(a)) {
           const std::size_t e = live.read_end(r);
           if (e > buf.last) {
             err << "%" << r->name() << " reads " << v.name << " until " << e << ", after its buffer " << b

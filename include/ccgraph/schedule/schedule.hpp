@@ -1,6 +1,8 @@
 // ccgraph/schedule/schedule.hpp: cg::schedule, which applies named passes to a copy of a graph.
-// Passes never look at rank-local data, so every rank that traces the same program gets the
-// same schedule and the same collective order.
+// Passes never look at tensor values. The reordering passes keep the relative order of
+// collectives; the two that merge or split collectives let the members of each group agree
+// (schedule/agreement.hpp), so every member of a group issues the same collectives in the same
+// order, also where ranks run different programs.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,8 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/ir/graph.hpp>
+#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/schedule/agreement.hpp>
 #include <ccgraph/schedule/bucketing.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
 #include <ccgraph/schedule/decompose.hpp>
@@ -33,6 +37,13 @@ struct schedule_options {
   std::int64_t bucket_cap_bytes = 25 << 20;
   /// Row chunks `decompose_matmul_collectives` splits a matmul + collective into.
   int decompose_chunks = 4;
+  /// How `bucket_collectives` and `decompose_matmul_collectives` keep each group's collectives
+  /// the same on all its members: by default they agree through the rank context, when there
+  /// is one (docs/scheduling.md, "Every member of a group issues the same collectives").
+  collective_agreement agreement = collective_agreement::automatic;
+  /// The rank whose graph is scheduled, to agree through; null: the calling thread's rank
+  /// context (inside run_threads or run_gpus), if any.
+  rank_context* context = nullptr;
 
   /// The estimator the passes use: estimate_runtime if set, else the cost model.
   runtime_estimator estimator() const {
@@ -52,13 +63,19 @@ inline const std::vector<std::string_view>& schedule_pass_names() {
 }
 
 /// Applies one named pass to `g` in place; an unknown name is an error listing the known ones.
+/// With a rank context (see schedule_options::agreement), bucket_collectives and
+/// decompose_matmul_collectives communicate with the other members of the groups they change:
+/// every member must then schedule its graph with the same passes at the same point.
 inline void apply_pass(graph& g, std::string_view pass, const schedule_options& opt) {
   if (pass == "sink_waits") return sink_waits(g);
   if (pass == "raise_comms") return raise_comms(g);
   if (pass == "reorder_compute_for_overlap") return reorder_compute_for_overlap(g, opt.estimator());
   if (pass == "overlap") return overlap(g, opt.estimator(), opt.overlap);
-  if (pass == "bucket_collectives") return bucket_collectives(g, opt.bucket_cap_bytes);
-  if (pass == "decompose_matmul_collectives") return decompose_matmul_collectives(g, opt.decompose_chunks);
+  rank_context* ctx = opt.agreement == collective_agreement::spmd ? nullptr
+                     : opt.context                                ? opt.context
+                                                                  : detail::current_rank_ptr();
+  if (pass == "bucket_collectives") return bucket_collectives(g, opt.bucket_cap_bytes, ctx);
+  if (pass == "decompose_matmul_collectives") return decompose_matmul_collectives(g, opt.decompose_chunks, ctx);
   std::string known;
   for (auto n : schedule_pass_names()) known += (known.empty() ? "" : ", ") + std::string(n);
   CCGRAPH_THROW(error, "schedule: unknown pass '", pass, "'; known passes are ", known);

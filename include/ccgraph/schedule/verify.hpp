@@ -111,12 +111,13 @@ inline void verify_collective_order(const graph& g, rank_context& ctx) {
   const int world = ctx.world_size();
   const std::vector<std::uint8_t> mine = detail::serialize_entries(detail::collective_entries(g));
 
-  const auto len = tensor<std::int64_t>::from({static_cast<std::int64_t>(mine.size())}, {1});
+  // On the rank's device, so that it runs on the nccl backend as on threads.
+  const auto len = tensor<std::int64_t>::from({static_cast<std::int64_t>(mine.size())}, {1}).to(ctx.device());
   const std::vector<std::int64_t> lens = all_gather_tensor(len, 0, ctx.world()).to_vector();
   const std::int64_t width = *std::max_element(lens.begin(), lens.end());
   std::vector<std::uint8_t> padded = mine;
   padded.resize(static_cast<std::size_t>(width), 0);
-  const auto bytes = tensor<std::uint8_t>::from(padded, {width});
+  const auto bytes = tensor<std::uint8_t>::from(padded, {width}).to(ctx.device());
   const std::vector<std::uint8_t> all = all_gather_tensor(bytes, 0, ctx.world()).to_vector();
 
   std::vector<std::vector<detail::collective_entry>> seqs;

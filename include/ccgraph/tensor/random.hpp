@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -113,22 +114,24 @@ namespace detail {
 
 /// Draws `d` into a new contiguous tensor of `shape` on `dev`, advancing `gen`: on the device
 /// with the generated kernel when this translation unit has it (nvcc with <ccgraph/cuda.hpp>),
-/// else on the host and copied there (the same bits either way).
+/// else on the host and copied there (the same bits either way). `what` names the call in
+/// errors; a bad shape fails before the generator advances.
 template <class Dist>
-tensor<typename Dist::value_type> draw_tensor(shape_t shape, const Dist& d, const generator& gen, device dev) {
+tensor<typename Dist::value_type> draw_tensor(shape_t shape, const Dist& d, const generator& gen, device dev,
+                                              std::string_view what) {
   using T = typename Dist::value_type;
-  const std::int64_t n = numel_of(shape);
+  const std::int64_t n = checked_numel(shape, what);
   const philox_stream at = dist_draws(d) ? gen.reserve(counters_for<Dist>(n)) : philox_stream{};
   using K = random_kernel<Dist, 1>;
   if constexpr (has_device_pointwise<K, T, 2>) {
     if (dev.is_cuda()) {
-      auto t = tensor<T>::empty(shape, dev);
+      auto t = tensor<T>::empty(shape, dev, what);
       const strides_t cs = contiguous_strides(shape);
       launch_device_pointwise("random", dev, K{d, at}, t.data_unsynced(), shape, std::array<strides_t, 2>{cs, cs});
       return t;
     }
   }
-  auto t = tensor<T>::empty(std::move(shape), device::cpu());
+  auto t = tensor<T>::empty(std::move(shape), device::cpu(), what);
   fill_random(t.data_unsynced(), d, at, 0, n);
   return dev.is_cpu() ? t : t.to(dev);
 }
@@ -156,7 +159,7 @@ uniform_dist<T> make_uniform(double lo, double hi) {
 /// default device. Advances `gen`.
 template <element T>
 tensor<T> uniform(shape_t shape, double lo, double hi, const generator& gen) {
-  return detail::draw_tensor(std::move(shape), detail::make_uniform<T>(lo, hi), gen, default_device());
+  return detail::draw_tensor(std::move(shape), detail::make_uniform<T>(lo, hi), gen, default_device(), "uniform");
 }
 /// uniform(shape, lo, hi, gen) from the calling rank's default generator: two draws differ.
 template <element T>
@@ -174,7 +177,7 @@ tensor<T> uniform(shape_t shape, double lo, double hi, std::uint64_t seed) {
 template <element T>
 tensor<T> randn(shape_t shape, const generator& gen) {
   static_assert(is_floating(dtype_v<T>), "ccgraph::randn: needs a floating-point element type (f32, f64, bf16, f16)");
-  return detail::draw_tensor(std::move(shape), detail::normal_dist<T>{}, gen, default_device());
+  return detail::draw_tensor(std::move(shape), detail::normal_dist<T>{}, gen, default_device(), "randn");
 }
 /// randn(shape, gen) from the calling rank's default generator: two draws differ.
 template <element T>

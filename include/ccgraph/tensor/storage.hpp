@@ -5,9 +5,12 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string_view>
 
 #include <ccgraph/core/device.hpp>
+#include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
 #include <ccgraph/tensor/device_runtime.hpp>
 
 namespace ccgraph::detail {
@@ -57,5 +60,24 @@ class storage {
   device dev_;
   deleter_fn del_;
 };
+
+/// The storage of a new contiguous tensor of `shape` and element type `dt` on `dev`. The shape
+/// is validated (checked_numel) and its byte count must be representable; an allocation that
+/// fails is a ccgraph::error naming `what` (the call), the tensor and its byte count, not a
+/// std::bad_alloc.
+inline std::shared_ptr<storage> allocate_elements(device dev, const shape_t& shape, dtype dt,
+                                                  std::string_view what) {
+  const std::int64_t n = checked_numel(shape, what);
+  const auto elem = static_cast<std::int64_t>(element_size(dt));
+  std::int64_t bytes = 0;
+  CCGRAPH_CHECK(checked_mul(n, elem, bytes), what, ": ", dt, shape_str(shape), " needs ", n, " x ",
+                elem, " bytes, more than 2^63 - 1");
+  try {
+    return storage::allocate(dev, static_cast<std::size_t>(bytes));
+  } catch (const std::bad_alloc&) {
+    CCGRAPH_THROW(error, what, ": cannot allocate ", dt, shape_str(shape), " (", bytes,
+                  " bytes) on ", dev, ": out of memory");
+  }
+}
 
 }  // namespace ccgraph::detail

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,6 +58,11 @@ class tensor : public pointwise_operators::operand_tag {  // finds the pointwise
   static tensor empty(shape_t shape) { return empty_of(std::move(shape), default_device()); }
   /// A new, uninitialised contiguous tensor on `dev`.
   static tensor empty(shape_t shape, ccgraph::device dev) { return empty_of(std::move(shape), dev); }
+  /// A new, uninitialised contiguous tensor on `dev`; `what` names the caller in errors (a shape
+  /// too large to count or to allocate).
+  static tensor empty(shape_t shape, ccgraph::device dev, std::string_view what) {
+    return empty_of(std::move(shape), dev, what);
+  }
 
   /// A new tensor holding `values` in row-major order with the given shape, on this thread's
   /// default device.
@@ -350,7 +356,9 @@ class tensor : public pointwise_operators::operand_tag {  // finds the pointwise
     shape_t out(times.size());
     const std::size_t extra = times.size() - shape.size();
     for (std::size_t i = 0; i < times.size(); ++i)
-      out[i] = times[i] * (i < extra ? 1 : shape[i - extra]);
+      CCGRAPH_CHECK(checked_mul(times[i], i < extra ? 1 : shape[i - extra], out[i]), "repeat: ",
+                    list_str(times), " times shape ", shape_str(shape), " has a size past 2^63 - 1");
+    (void)checked_numel(out, "repeat");
     return out;
   }
 
@@ -381,11 +389,9 @@ class tensor : public pointwise_operators::operand_tag {  // finds the pointwise
   }
 
  private:
-  static tensor empty_of(shape_t shape, ccgraph::device dev = ccgraph::device::cpu()) {
-    for (auto s : shape)
-      CCGRAPH_CHECK(s >= 0, "tensor: negative size in shape ", shape_str(shape));
-    const auto n = numel_of(shape);
-    auto st = detail::storage::allocate(dev, static_cast<std::size_t>(n) * sizeof(T));
+  static tensor empty_of(shape_t shape, ccgraph::device dev = ccgraph::device::cpu(),
+                         std::string_view what = "tensor") {
+    auto st = detail::allocate_elements(dev, shape, dtype_v<T>, what);
     strides_t strides = contiguous_strides(shape);
     return tensor(std::move(st), std::move(shape), std::move(strides), 0);
   }
@@ -409,7 +415,6 @@ class tensor : public pointwise_operators::operand_tag {  // finds the pointwise
   }
 
   shape_t infer_shape(shape_t s, const char* what) const {
-    std::int64_t known = 1;
     int infer = -1;
     for (std::size_t i = 0; i < s.size(); ++i) {
       if (s[i] == -1) {
@@ -417,15 +422,19 @@ class tensor : public pointwise_operators::operand_tag {  // finds the pointwise
         infer = static_cast<int>(i);
       } else {
         CCGRAPH_CHECK(s[i] >= 0, what, ": invalid size ", s[i], " in ", shape_str(s));
-        known *= s[i];
       }
     }
+    shape_t given = s;  // the sizes given, counted with overflow checks
+    if (infer >= 0) given[static_cast<std::size_t>(infer)] = 1;
+    CCGRAPH_CHECK(countable(given), what, ": shape ", shape_str(s),
+                  " has too many elements (the product of its sizes exceeds 2^63 - 1)");
+    const std::int64_t known = numel_of(given);
     if (infer >= 0) {
       CCGRAPH_CHECK(known != 0 && numel() % known == 0, what, ": shape ", shape_str(s),
                     " is invalid for input of size ", numel());
       s[infer] = numel() / known;
     }
-    CCGRAPH_CHECK(numel_of(s) == numel(), what, ": shape ", shape_str(s),
+    CCGRAPH_CHECK(checked_numel(s, what) == numel(), what, ": shape ", shape_str(s),
                   " is invalid for input of size ", numel(), " (shape ", shape_str(shape_), ")");
     return s;
   }
@@ -456,35 +465,47 @@ inline constexpr bool is_tensor_v<tensor<T>> = true;
 template <class X>
 concept tensor_type = is_tensor_v<std::remove_cvref_t<X>>;
 
+namespace detail {
+/// A tensor of `shape` filled with `value` on this thread's default device; `what` names the
+/// factory in errors.
+template <element T>
+tensor<T> filled(shape_t shape, T value, std::string_view what) {
+  auto t = tensor<T>::empty(std::move(shape), default_device(), what);
+  t.fill_(value);
+  return t;
+}
+}  // namespace detail
+
 /// A tensor of `shape` filled with `value`.
 template <element T>
 tensor<T> full(shape_t shape, T value) {
-  auto t = tensor<T>::empty(std::move(shape));
-  t.fill_(value);
-  return t;
+  return detail::filled<T>(std::move(shape), value, "full");
 }
 /// A tensor of zeros.
 template <element T>
 tensor<T> zeros(shape_t shape) {
-  return full<T>(std::move(shape), T(0));
+  return detail::filled<T>(std::move(shape), T(0), "zeros");
 }
 /// A tensor of ones.
 template <element T>
 tensor<T> ones(shape_t shape) {
-  return full<T>(std::move(shape), T(1));
+  return detail::filled<T>(std::move(shape), T(1), "ones");
 }
 /// A tensor of `shape`, uninitialised.
 template <element T>
 tensor<T> empty(shape_t shape) {
-  return tensor<T>::empty(std::move(shape));
+  return tensor<T>::empty(std::move(shape), default_device(), "empty");
 }
 /// The 1-d tensor [start, start+step, ...) up to (excluding) `end`.
 template <element T>
 tensor<T> arange(double start, double end, double step = 1.0) {
   CCGRAPH_CHECK(step != 0, "arange: step must be nonzero");
   const double span = (end - start) / step;
+  // 2^63 as a double: a larger (or NaN) count would make the conversion undefined.
+  CCGRAPH_CHECK(span < 9223372036854775808.0, "arange: [", start, ", ", end, ") in steps of ", step,
+                " has too many elements");
   const auto n = static_cast<std::int64_t>(span > 0 ? std::ceil(span) : 0);
-  auto t = tensor<T>::empty({n}, device::cpu());
+  auto t = tensor<T>::empty({n}, device::cpu(), "arange");
   T* d = t.data_unsynced();
   for (std::int64_t i = 0; i < n; ++i) d[i] = detail::cast<T>(start + static_cast<double>(i) * step);
   return default_device().is_cpu() ? t : t.to(default_device());

@@ -735,7 +735,7 @@ struct collective_backend<symbolic<T>> {
     std::vector<symbolic<T>> outs;
     for (int k = 0; k < c->num_outputs(); ++k) {
       node* w = st.g.add(ops::wait_tensor{}, {{c, k}}, {}, "wait_tensor");
-      outs.emplace_back(&st, value_ref{w, 0}, value_ref{c, k});
+      outs.emplace_back(&st, value_ref{w, 0});
     }
     return outs;
   }
@@ -800,9 +800,8 @@ symbolic<T> copy(const symbolic<T>& dst, const S& src) {
   }
 }
 
-/// A symbolic value is already waited (its wait_tensor node follows the collective); the result
-/// is marked waited, so returning it from the traced function returns the wait's output rather
-/// than the un-waited collective result.
+/// A symbolic value is already waited (its wait_tensor node follows the collective): the value
+/// itself.
 template <class T>
 symbolic<T> wait_tensor(const symbolic<T>& t) {
   return symbolic<T>(t.state(), t.ref());

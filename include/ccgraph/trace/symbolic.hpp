@@ -18,8 +18,8 @@ namespace ccgraph {
 
 /// A value of the graph being traced, typed by its element type. Created by cg::trace for the
 /// inputs and by every op applied to symbolic values; views and ops record nodes. A symbolic
-/// result of a collective is waited (a wait_tensor node follows the collective), but remembers
-/// the collective's own output so that returning it unused returns it un-waited.
+/// result of a collective is its wait_tensor node's output (the wait follows the collective),
+/// returned results included.
 template <class T>
 class symbolic : public pointwise_operators::operand_tag {  // finds the pointwise operators
   static_assert(is_element_v<T>, "symbolic<T>: T must be a tensor element type");
@@ -27,9 +27,8 @@ class symbolic : public pointwise_operators::operand_tag {  // finds the pointwi
  public:
   using value_type = T;
 
-  /// Wraps output `ref` of the traced graph; `unwaited` is the collective output `ref` waits on.
-  symbolic(detail::trace_state* st, value_ref ref, value_ref unwaited = {})
-      : st_(st), ref_(ref), unwaited_(unwaited) {
+  /// Wraps output `ref` of the traced graph.
+  symbolic(detail::trace_state* st, value_ref ref) : st_(st), ref_(ref) {
     CCGRAPH_CHECK(ref.src->dtype(ref.index) == dtype_v<T>, "symbolic<", dtype_v<T>, ">: value %",
                   ref.src->name(), " is ", ref.src->meta(ref.index).str());
   }
@@ -39,8 +38,6 @@ class symbolic : public pointwise_operators::operand_tag {  // finds the pointwi
 
   /// The graph value this stands for.
   value_ref ref() const { return ref_; }
-  /// The collective output this value waits on (null src if it is not a wait).
-  value_ref unwaited() const { return unwaited_; }
   /// The trace this value belongs to.
   detail::trace_state* state() const { return st_; }
   /// Sizes of the dimensions.
@@ -123,7 +120,6 @@ class symbolic : public pointwise_operators::operand_tag {  // finds the pointwi
 
   detail::trace_state* st_;
   value_ref ref_;
-  value_ref unwaited_;
 };
 
 template <class T>

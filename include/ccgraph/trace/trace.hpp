@@ -2,7 +2,6 @@
 // typed graph it recorded: the same function also runs eagerly on tensors, unchanged.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <tuple>
@@ -69,30 +68,14 @@ auto spec_of(const tensor<T>& t) {
   return input_spec<T>{t.shape(), t.pending_work() != nullptr && !t.pending_work()->ready()};
 }
 
-/// Collects the graph outputs of a traced result. A collective result nothing in the graph
-/// read is returned un-waited (its wait node is dropped), so eager code waits on it later.
+/// Collects the graph outputs of a traced result. A returned collective result is its wait's
+/// output, as in PyTorch's traced graphs: the wait stays in the graph (compile_options::
+/// pending_outputs is what returns such a result pending instead).
 struct output_collector {
-  trace_state& st;
   std::vector<value_ref> refs;
-  std::vector<node*> dropped_waits;
 
   template <class T>
   void add(const symbolic<T>& s) {
-    node* w = s.ref().src;
-    if (s.unwaited().src && w->users().empty()) {
-      // Returned twice: both outputs read the collective (the wait is dropped only once).
-      if (std::find(dropped_waits.begin(), dropped_waits.end(), w) != dropped_waits.end()) {
-        refs.push_back(s.unwaited());
-        return;
-      }
-      bool also_returned_waited = false;
-      for (auto& r : refs) also_returned_waited = also_returned_waited || r.src == w;
-      if (!also_returned_waited) {
-        dropped_waits.push_back(w);
-        refs.push_back(s.unwaited());
-        return;
-      }
-    }
     refs.push_back(s.ref());
   }
   template <class E>
@@ -169,10 +152,9 @@ auto trace(trace_options opt, F&& fn, const Inputs&... inputs) {
   auto result = std::apply(fn, args);
   using R = typename detail::traced_result<std::remove_cvref_t<decltype(result)>>::type;
 
-  detail::output_collector out{st, {}, {}};
+  detail::output_collector out;
   out.add(result);
   st.g.set_output(out.refs);
-  for (node* w : out.dropped_waits) st.g.erase(w);
   return std::apply(
       [&](const auto&... s) {
         return typed_graph<R, typename std::remove_cvref_t<decltype(s)>::value_type...>(std::move(st.g));
