@@ -78,10 +78,15 @@ inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tenso
           return {};
         } else if constexpr (std::is_same_v<O, ops::pointwise>) {
           CCGRAPH_CHECK(!in.empty(), "pointwise: needs at least one tensor input");
-          ops::detail::expect_same_dtype("pointwise", in);
+          // The recorded expression knows its element types (it may mix them: comparisons,
+          // where); without one, every input and the result share one.
+          if (o.kernel)
+            o.kernel->check_inputs(in, o.fused);
+          else
+            ops::detail::expect_same_dtype("pointwise", in);
           shape_t s = in[0].shape;
           for (auto& m : in) s = broadcast_shapes(s, m.shape, o.fused.c_str());
-          return {{in[0].dtype, s}};
+          return {{o.kernel ? o.kernel->result_dtype(in[0].dtype) : in[0].dtype, s}};
         } else {
           return ops::infer_compute(o, in);
         }

@@ -27,6 +27,18 @@ namespace detail {
 /// expression's type, so it is the same one-loop code eager evaluation runs.
 struct pointwise_kernel {
   virtual ~pointwise_kernel() = default;
+  /// The element type of the result, given the first input's (a comparison's is bool).
+  virtual dtype result_dtype(dtype first_input) const { return first_input; }
+  /// Checks the inputs' element types for node `what` (an expression may mix them: where reads
+  /// a bool condition); by default they must all be one.
+  virtual void check_inputs(const std::vector<tensor_meta>& in, std::string_view what) const {
+    for (auto& m : in)
+      CCGRAPH_CHECK(m.dtype == in.front().dtype, what, ": mixing dtypes: ", in.front().str(), " and ", m.str());
+  }
+  /// True when each run draws new random numbers (dropout): results differ from run to run, so
+  /// a run cannot be recorded once and replayed (CUDA Graphs) or split into pieces that draw
+  /// apart (decompose).
+  virtual bool draws_random() const { return false; }
   /// Evaluates into a new tensor.
   virtual any_tensor run(const std::vector<any_tensor>& inputs) const = 0;
   /// Evaluates into `out` (the node's dtype and shape; an executor's planned buffer, which

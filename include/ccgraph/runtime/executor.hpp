@@ -194,6 +194,14 @@ class executor {
     if (opt.pending_outputs) detail::return_pending(g_);
     lint(g_);
     const auto& nodes = g_.nodes();
+    if (opt.cuda_graph) {
+      // A recorded CUDA Graph replays its kernels' arguments: a dropout would repeat its mask.
+      for (const node* n : nodes)
+        if (const auto* pw = std::get_if<ops::pointwise>(&n->kind()); pw && pw->kernel && pw->kernel->draws_random())
+          CCGRAPH_THROW(error, "compile: node %", n->name(), " (", pw->fused,
+                        ") draws random numbers, which a CUDA Graph replay would repeat on every call; "
+                        "compile this graph without cuda_graph");
+    }
     // A graph traced for another world or rank (world_size = 8 run on 2 ranks, one MPMD part
     // run by a rank of another part) fails here, before any rank issues a collective.
     for (const auto& n : nodes)
