@@ -135,7 +135,9 @@ void check_forward(const cg::tensor<T>& q, const cg::tensor<T>& k, const cg::ten
 
 }  // namespace attention_test
 
-using namespace attention_test;
+// The test cases live in the namespace too: in a unity batch, a using-directive would reach
+// the next file and make helpers of the same name (tol, ...) ambiguous.
+namespace attention_test {
 
 TEST_CASE("sdpa.shape_and_errors") {
   using cg::detail::sdpa_shape;
@@ -245,7 +247,6 @@ TEST_CASE("sdpa.cpu.empty_and_rank2") {
                  "scaled_dot_product_attention: output of shape [4, 4] for a result of shape [4, 5]"));
 }
 
-namespace attention_test {
 
 /// The analytic gradient in double from the reference forward: dV = Pᵀ dO, dP = dO Vᵀ,
 /// dS = P ∘ (dP - rowsum(P ∘ dP)), dQ = dS K scale, dK = dSᵀ Q scale.
@@ -302,7 +303,6 @@ void check_backward(const cg::tensor<T>& q, const cg::tensor<T>& k, const cg::te
   cmp(dv, rdv, "dv");
 }
 
-}  // namespace attention_test
 
 TEST_CASE("sdpa_backward.cpu.f64.analytic") {
   auto q = cg::uniform<double>({2, 2, 5, 4}, -1, 1, 1);
@@ -361,3 +361,5 @@ TEST_CASE("sdpa_backward.cpu.f64.finite_differences") {
     }
   }
 }
+
+}  // namespace attention_test

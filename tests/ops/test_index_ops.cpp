@@ -110,7 +110,9 @@ void check_embedding_backward(std::optional<i64> padding_idx) {
 
 }  // namespace index_ops_test
 
-using namespace index_ops_test;
+// The test cases live in the namespace too: in a unity batch, a using-directive would reach
+// the next file and make helpers of the same name (tol, ...) ambiguous.
+namespace index_ops_test {
 
 TEST_CASE("embedding.shape_and_errors") {
   using cg::detail::embedding_shape;
@@ -318,7 +320,7 @@ void check_scatter_add() {
       if constexpr (std::is_integral_v<T>)
         CHECK(to_d(ov[k]) == ref[k]);
       else
-        CHECK(std::abs(to_d(ov[k]) - ref[k]) <= tol<T>() * (scale[k] + 1e-30));
+        CHECK(std::abs(to_d(ov[k]) - ref[k]) <= index_ops_test::tol<T>() * (scale[k] + 1e-30));
     }
   }
 }
@@ -352,3 +354,5 @@ TEST_CASE("scatter_add.cpu.out_of_bounds_and_self_as_out") {
                               cg::tensor<float>::from({10, 20, 30}, {3}), self);
   CHECK(self.to_vector() == std::vector<float>{31, 2, 33});
 }
+
+}  // namespace index_ops_test

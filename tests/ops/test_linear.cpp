@@ -84,7 +84,9 @@ void linear_cases() {
 
 }  // namespace linear_test
 
-using namespace linear_test;
+// The test cases live in the namespace too: in a unity batch, a using-directive would reach
+// the next file and make helpers of the same name (tol, ...) ambiguous.
+namespace linear_test {
 
 TEST_CASE("bmm.shape_and_errors") {
   using cg::detail::bmm_shape;
@@ -145,3 +147,5 @@ TEST_CASE("linear.cpu.bf16.bias_before_the_one_rounding") {
   cg::detail::linear_cpu<cg::bf16>(x, w, b, cg::detail::linear_activation::none, out);
   CHECK(static_cast<float>(out.item()) == 258.f);
 }
+
+}  // namespace linear_test
