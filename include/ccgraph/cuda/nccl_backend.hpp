@@ -922,8 +922,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
               else
                 CCGRAPH_CHECK_NCCL(ncclRecv(buffer_ptr(b), numel(b), nccl_dtype(b.meta.dtype), peer, c, s));
             }
-            return;
-          }
+          } else {
           for (std::size_t i = 0; i < req.inputs.size(); ++i) {
             const auto& in = req.inputs[i];
             const auto& out = req.outputs[i];
@@ -974,6 +973,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
                 ro += outs[sj];
               }
             }
+          }
           }
         },
         req.op);
