@@ -580,7 +580,8 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       // is its own group, without the explicit one's extra host cost.
       // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
       const bool grouped = nonblocking_ || req->inputs.size() > 1 ||
-                           std::holds_alternative<ops::all_to_all_single>(req->op);
+                           std::holds_alternative<ops::all_to_all_single>(req->op) ||
+                           std::holds_alternative<ops::batch_isend_irecv>(req->op);
       if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
       ncclResult_t r = ncclSuccess;
       try {
@@ -903,6 +904,22 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     std::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, ops::batch_isend_irecv>) {
+            // Sends read the inputs in order, receives fill the outputs in order; all inside the
+            // caller's ncclGroupStart/End, so NCCL pairs them whatever their order.
+            std::size_t si = 0, ri = 0;
+            for (const ops::p2p_desc& d : o.ops) {
+              const int peer = req.group.index_of(d.peer);
+              CCGRAPH_CHECK(peer >= 0 && d.peer != rank_, what, ": peer rank ", d.peer, " is not another member of group ",
+                            list_str(req.group.ranks));
+              const auto& b = d.is_send ? req.inputs.at(si++) : req.outputs.at(ri++);
+              if (numel(b) == 0) continue;
+              if (d.is_send)
+                CCGRAPH_CHECK_NCCL(ncclSend(buffer_ptr(b), numel(b), nccl_dtype(b.meta.dtype), peer, c, s));
+              else
+                CCGRAPH_CHECK_NCCL(ncclRecv(buffer_ptr(b), numel(b), nccl_dtype(b.meta.dtype), peer, c, s));
+            }
+          } else {
           for (std::size_t i = 0; i < req.inputs.size(); ++i) {
             const auto& in = req.inputs[i];
             const auto& out = req.outputs[i];
@@ -916,8 +933,17 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
                                  std::is_same_v<O, ops::reduce_scatter_tensor_coalesced>) {
               CCGRAPH_CHECK_NCCL(
                   ncclReduceScatter(buffer_ptr(in), buffer_ptr(out), numel(out), dt, nccl_redop(o.op, in.meta.dtype, what), c, s));
+            } else if constexpr (std::is_same_v<O, ops::reduce>) {
+              // NCCL writes the root's output only; the others return their input, as c10d's.
+              if (rank_ != o.dst && buffer_ptr(out) != buffer_ptr(in))
+                CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(buffer_ptr(out), buffer_ptr(in), numel(in) * element_size(in.meta.dtype),
+                                                   cudaMemcpyDeviceToDevice, s));
+              CCGRAPH_CHECK_NCCL(ncclReduce(buffer_ptr(in), buffer_ptr(out), numel(in), dt,
+                                            nccl_redop(o.op, in.meta.dtype, what), req.group.index_of(o.dst), c, s));
             } else if constexpr (std::is_same_v<O, ops::broadcast>) {
               CCGRAPH_CHECK_NCCL(ncclBroadcast(buffer_ptr(in), buffer_ptr(out), numel(in), dt, req.group.index_of(o.src), c, s));
+            } else if constexpr (std::is_same_v<O, ops::batch_isend_irecv>) {
+              // handled above
             } else {
               static_assert(std::is_same_v<O, ops::all_to_all_single>);
               // Grouped send/recv: rows of dim 0, split per peer in group order.
@@ -944,6 +970,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
                 ro += outs[sj];
               }
             }
+          }
           }
         },
         req.op);

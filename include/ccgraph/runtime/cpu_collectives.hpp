@@ -138,7 +138,8 @@ inline void snapshot_aliased_inputs(collective_request& req) {
 inline void run_cpu_collective(const collective_request& mine,
                                const std::vector<const collective_request*>& all, int me) {
   const int n = static_cast<int>(all.size());
-  visit_dtype(mine.inputs.at(0).meta.dtype, [&](auto tag) {
+  // A receive has no input: its output's dtype is the transfer's.
+  visit_dtype((mine.inputs.empty() ? mine.outputs.at(0) : mine.inputs[0]).meta.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto bytes_of = [](const buffer& b) { return numel_of(b.meta.shape) * static_cast<std::int64_t>(sizeof(T)); };
     auto reduce_chunk = [&](std::size_t k, reduce_op op, std::int64_t chunk_index) {
@@ -168,6 +169,16 @@ inline void run_cpu_collective(const collective_request& mine,
             for (std::size_t k = 0; k < mine.inputs.size(); ++k) gather(k);
           } else if constexpr (std::is_same_v<O, ops::broadcast>) {
             const auto& src = all[static_cast<std::size_t>(mine.group.index_of(o.src))]->inputs[0];
+            const auto b = bytes_of(src);
+            if (b) std::memcpy(mine.outputs[0].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
+          } else if constexpr (std::is_same_v<O, ops::reduce>) {
+            if (mine.rank == o.dst) return reduce_chunk(0, o.op, 0);
+            const auto b = bytes_of(mine.inputs[0]);
+            if (b) std::memmove(mine.outputs[0].template data<T>(), mine.inputs[0].template data<T>(), static_cast<std::size_t>(b));
+          } else if constexpr (std::is_same_v<O, ops::batch_isend_irecv>) {
+            // One transfer of a pair (see split_p2p): the receiver copies the sender's input.
+            if (o.ops.at(0).is_send) return;
+            const auto& src = all[static_cast<std::size_t>(1 - me)]->inputs.at(0);
             const auto b = bytes_of(src);
             if (b) std::memcpy(mine.outputs[0].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
           } else if constexpr (std::is_same_v<O, ops::all_to_all_single>) {

@@ -439,7 +439,7 @@ class executor {
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
           }
       env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
-      if (plan_ && n->is_collective())
+      if (plan_ && n->is_collective() && !env[i].empty())  // a batch of sends only was waited
         std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
       for (auto& a : n->args()) {
         const std::size_t p = g_.position(a.src);
@@ -512,13 +512,19 @@ class executor {
             std::visit([](const auto& t) { t.wait(); }, in[0]);
             return {in[0]};
           } else if constexpr (is_collective_op_v<O>) {
-            return visit_dtype(n.dtype(), [&](auto tag) {
+            // A batch of sends only has no output: its dtype is its inputs'.
+            const dtype dt = n.num_outputs() > 0 ? n.dtype() : n.args().at(0).src->dtype(n.args()[0].index);
+            return visit_dtype(dt, [&](auto tag) {
               using T = decltype(tag);
               std::vector<tensor<T>> xs, into;
               for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
               for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
+              detail::work_ptr w;
               auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
-                                                      outs.empty() ? nullptr : &into, overlap);
+                                                      outs.empty() ? nullptr : &into, overlap, &w);
+              // No output carries its completion (a batch of sends only): waited here, as
+              // batch_isend_irecv does eagerly.
+              if (res.empty()) w->wait();
               return std::vector<any_tensor>(res.begin(), res.end());
             });
           } else if constexpr (std::is_same_v<O, ops::pointwise>) {

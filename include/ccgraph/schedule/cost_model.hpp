@@ -687,8 +687,18 @@ struct cost_model {
             return nccl_collective(nccl_coll::reduce_scatter, bytes, group_size).us;
           else if constexpr (std::is_same_v<O, ops::broadcast>)
             return nccl_collective(nccl_coll::broadcast, bytes, group_size).us;
-          else
+          else if constexpr (std::is_same_v<O, ops::reduce>)  // a ring reduce moves what a broadcast does
+            return nccl_collective(nccl_coll::broadcast, bytes, group_size).us;
+          else if constexpr (std::is_same_v<O, ops::batch_isend_irecv>) {
+            // NCCL's send/recv are the all_to_all's pairwise steps: a two-rank exchange of the
+            // larger direction's bytes (the sends and receives run concurrently).
+            double sent = 0, received = 0;
+            for (const auto& d : o.ops) (d.is_send ? sent : received) += detail::bytes_of(d.meta);
+            return nccl_collective(nccl_coll::all_to_all, 2 * std::max(sent, received), 2).us;
+          } else {
+            static_assert(std::is_same_v<O, ops::all_to_all_single>);
             return nccl_collective(nccl_coll::all_to_all, bytes, group_size).us;
+          }
         },
         op);
   }
