@@ -17,10 +17,14 @@
 #include <ccgraph/cuda/stream.hpp>
 #include <ccgraph/cuda/stream_memops.hpp>
 
-// The element-wise kernels are CUDA C++ (__global__ functions): only nvcc can compile them. A
+// The element-wise and op kernels are CUDA C++ (__global__ functions): only nvcc can compile them. A
 // translation unit built by a plain C++ compiler still gets the rest of the CUDA backend; its
 // device expressions then fail with an error saying to compile it with nvcc.
 #if defined(__CUDACC__)
+#include <ccgraph/cuda/attention.cuh>
+#include <ccgraph/cuda/element.cuh>
+#include <ccgraph/cuda/index.cuh>
+#include <ccgraph/cuda/linear.cuh>
 #include <ccgraph/cuda/loss.cuh>
 #include <ccgraph/cuda/normalization.cuh>
 #include <ccgraph/cuda/peer_reduce.cuh>

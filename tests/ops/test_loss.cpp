@@ -151,6 +151,15 @@ TEST_CASE("cross_entropy.known_value_and_edge_cases") {
   cd::cross_entropy_cpu(cg::tensor<float>::empty({0, 4}), cg::tensor<i64>::empty({0}), std::nullopt,
                         cg::loss_reduction::none, -100, 0.0, e);
   CHECK(e.numel() == 0);
+  // Its backward, every reduction: `none` has an empty grad, which must never be read (it was
+  // read as the one incoming gradient of mean / sum: a crash).
+  for (cg::loss_reduction red : {cg::loss_reduction::none, cg::loss_reduction::mean, cg::loss_reduction::sum}) {
+    const auto g = red == cg::loss_reduction::none ? cg::tensor<float>::empty({0}) : cg::tensor<float>::from({1.0f}, {});
+    auto dx = cg::tensor<float>::empty({0, 4});
+    CHECK_NOTHROW(cd::cross_entropy_backward_cpu(g, cg::tensor<float>::empty({0, 4}), cg::tensor<i64>::empty({0}),
+                                                 std::nullopt, red, -100, 0.0, cg::tensor<float>::empty({0}), dx));
+    CHECK(dx.numel() == 0);
+  }
   // Large logits stay finite (max subtracted).
   const auto big = cg::tensor<float>::from({1000, 1001, 999}, {1, 3});
   auto lb = cg::tensor<float>::empty({});

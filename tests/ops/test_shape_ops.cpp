@@ -125,3 +125,62 @@ TEST_CASE("repeat.tiles") {
   CHECK(cg::repeat(a.transpose(0, 1), {1, 2}).to_vector() == std::vector<float>{1, 3, 1, 3, 2, 4, 2, 4});
   CHECK(error_of([&] { (void)cg::repeat(a, {2}); }).find("repeat:") == 0);
 }
+
+TEST_CASE("stack.dims_and_errors") {
+  auto a = cg::tensor<float>::from({1, 2, 3, 4, 5, 6}, {2, 3});
+  auto b = cg::tensor<float>::from({7, 8, 9, 10, 11, 12}, {2, 3});
+  const auto s0 = cg::stack({a, b}, 0);
+  CHECK(s0.shape() == cg::shape_t{2, 2, 3});
+  CHECK(s0.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  const auto s1 = cg::stack({a, b}, 1);
+  CHECK(s1.shape() == cg::shape_t{2, 2, 3});
+  CHECK(s1.to_vector() == std::vector<float>{1, 2, 3, 7, 8, 9, 4, 5, 6, 10, 11, 12});
+  const auto s2 = cg::stack({a, b.transpose(0, 1).contiguous().transpose(0, 1)}, -1);  // strided input
+  CHECK(s2.shape() == cg::shape_t{2, 3, 2});
+  CHECK(s2.to_vector() == std::vector<float>{1, 7, 2, 8, 3, 9, 4, 10, 5, 11, 6, 12});
+  CHECK(cg::stack({a}, 2).shape() == cg::shape_t{2, 3, 1});
+  CHECK(contains(error_of([&] { (void)cg::stack({a, b}, 3); }), "stack: dim 3 is out of range for a tensor of rank 3"));
+  CHECK(contains(error_of([&] { (void)cg::stack({a, a.reshape({3, 2})}, 0); }),
+                 "stack: expects each tensor to be equal size, but got [2, 3] at entry 0 and [3, 2] at entry 1"));
+  CHECK(contains(error_of([] { (void)cg::detail::stack_shape({}, 0); }), "stack: expected a non-empty list of tensors"));
+  // The kernel writes a planned buffer of any strides.
+  auto planned = cg::tensor<float>::empty({3, 2, 2}).permute({1, 2, 0});  // [2, 2, 3] view
+  cg::detail::stack_kernel(std::vector<cg::tensor<float>>{a, b}, 1, planned);
+  CHECK(planned.to_vector() == s1.to_vector());
+}
+
+TEST_CASE("split.sizes_views_and_errors") {
+  auto t = cg::arange<float>(20).reshape({4, 5});
+  const auto pieces = cg::split(t, 2, 1);  // 2, 2, 1 columns
+  REQUIRE(pieces.size() == 3);
+  CHECK(pieces[0].shape() == cg::shape_t{4, 2});
+  CHECK(pieces[2].shape() == cg::shape_t{4, 1});
+  CHECK(pieces[1].to_vector() == std::vector<float>{2, 3, 7, 8, 12, 13, 17, 18});
+  CHECK(pieces[1].storage() == t.storage());  // views
+  const auto rows = cg::split(t, std::vector<std::int64_t>{1, 0, 3}, -2);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[1].shape() == cg::shape_t{0, 5});
+  CHECK(rows[2].to_vector().front() == 5.f);
+  CHECK(cg::split(t, 5, 0).size() == 1);
+  CHECK(cg::detail::split_sizes({0, 3}, 0, 0) == std::vector<std::int64_t>{0});
+  CHECK(cg::detail::split_sizes({7}, 3, 0) == std::vector<std::int64_t>{3, 3, 1});
+  CHECK(contains(error_of([&] { (void)cg::split(t, -1, 0); }), "split: split_size must be non-negative, got -1"));
+  CHECK(contains(error_of([&] { (void)cg::split(t, 0, 0); }),
+                 "split: split_size can only be 0 if dim 0 has size 0, but it has size 4"));
+  CHECK(contains(error_of([&] { (void)cg::split(t, std::vector<std::int64_t>{2, 2}, 1); }),
+                 "split: split_sizes [2, 2] must sum exactly to 5 (the size of dim 1 of the input of shape [4, 5])"));
+  CHECK(contains(error_of([&] { (void)cg::split(t, std::vector<std::int64_t>{5, -1}, 1); }),
+                 "split: negative size in split_sizes [5, -1]"));
+  CHECK(contains(error_of([&] { (void)cg::split(t, 2, 2); }), "split: dim 2 is out of range for a tensor of rank 2"));
+}
+
+TEST_CASE("cat.kernel_into_planned_buffer") {
+  auto a = cg::uniform<double>({2, 3}, -1, 1, 1);
+  auto b = cg::uniform<double>({2, 4}, -1, 1, 2);
+  auto planned = cg::tensor<double>::empty({7, 2}).transpose(0, 1);  // [2, 7], column-major
+  cg::detail::cat_kernel(std::vector<cg::tensor<double>>{a, b}, 1, planned);
+  CHECK(planned.to_vector() == cg::cat({a, b}, 1).to_vector());
+  auto wrong = cg::tensor<double>::empty({2, 6});
+  CHECK(contains(error_of([&] { cg::detail::cat_kernel(std::vector<cg::tensor<double>>{a, b}, 1, wrong); }),
+                 "cat: output of shape [2, 6] for a result of shape [2, 7]"));
+}

@@ -1,5 +1,6 @@
-// ccgraph/cuda/blas.hpp: GEMM on row-major operands through cuBLASLt (the GEMM entry of
-// detail::device_runtime), and CCGRAPH_CHECK_CUBLAS. Plain C++: needs cuBLAS's headers and
+// ccgraph/cuda/blas.hpp: GEMM on row-major operands through cuBLASLt (the GEMM entries of
+// detail::device_runtime: single, strided-batched, and with bias / bias+GELU epilogues), and
+// CCGRAPH_CHECK_CUBLAS. Plain C++: needs cuBLAS's headers and
 // libraries (CUDA::cublasLt, CUDA::cublas; ccgraph::cuda links both), not nvcc.
 #pragma once
 
@@ -140,14 +141,22 @@ inline std::uint32_t pointer_alignment(const void* p) {
   return align;
 }
 
-/// What a cuBLASLt plan depends on: sizes, leading dims, types, transposes and the operands'
-/// alignment (the pointers themselves are not part of it).
+/// What a GEMM applies to its product before writing C: nothing, a bias vector broadcast over
+/// the rows of C, the bias and then GELU, or GELU alone (cuBLASLt's GELU: the tanh
+/// approximation, PyTorch's gelu(approximate="tanh")).
+enum class gemm_epilogue : std::uint8_t { none, bias, gelu_bias, gelu };
+
+/// What a cuBLASLt plan depends on: sizes, leading dims, batch count and strides, types,
+/// transposes, epilogue and the operands' alignment (the pointers themselves are not part of it).
 struct gemm_key {
   std::int64_t m, n, k, lda, ldb, ldc;
   dtype dt;
   bool ta, tb;
   std::uint32_t align_a, align_b, align_c;
   std::int32_t sm_target;  // 0: every SM
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  gemm_epilogue epilogue = gemm_epilogue::none;
+  std::uint32_t align_bias = 0;
   friend bool operator==(const gemm_key&, const gemm_key&) = default;
 };
 
@@ -168,6 +177,11 @@ struct gemm_key_hash {
     mix((static_cast<std::uint64_t>(key.align_a) << 40) |
         (static_cast<std::uint64_t>(key.align_b) << 20) | key.align_c);
     mix(static_cast<std::uint64_t>(key.sm_target));
+    mix(static_cast<std::uint64_t>(key.batch));
+    mix(static_cast<std::uint64_t>(key.stride_a));
+    mix(static_cast<std::uint64_t>(key.stride_b));
+    mix(static_cast<std::uint64_t>(key.stride_c));
+    mix((static_cast<std::uint64_t>(key.epilogue) << 32) | key.align_bias);
     return h;
   }
 };
@@ -269,6 +283,32 @@ class blas_context {
     plan.cu_a = key.tb ? layout(key.k, key.n, key.ldb) : layout(key.n, key.k, key.ldb);
     plan.cu_b = key.ta ? layout(key.m, key.k, key.lda) : layout(key.k, key.m, key.lda);
     plan.cu_c = layout(key.n, key.m, key.ldc);
+    if (key.batch > 1) {  // strided batches (a stride of 0 broadcasts that operand)
+      const std::int32_t count = static_cast<std::int32_t>(key.batch);
+      auto batched = [&](cublasLtMatrixLayout_t l, std::int64_t stride) {
+        CCGRAPH_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                              sizeof(count)));
+        CCGRAPH_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                              sizeof(stride)));
+      };
+      batched(plan.cu_a.get(), key.stride_b);
+      batched(plan.cu_b.get(), key.stride_a);
+      batched(plan.cu_c.get(), key.stride_c);
+    }
+    if (key.epilogue != gemm_epilogue::none) {
+      // In cuBLAS's column-major view C is [n, m]: the bias runs along its rows, n long.
+      const cublasLtEpilogue_t epi = key.epilogue == gemm_epilogue::bias        ? CUBLASLT_EPILOGUE_BIAS
+                                     : key.epilogue == gemm_epilogue::gelu_bias ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                                                                : CUBLASLT_EPILOGUE_GELU;
+      CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      if (key.epilogue != gemm_epilogue::gelu) {
+        // The heuristic reads only the bias pointer's alignment: a stand-in with the real one's
+        // (each call sets the real pointer).
+        const void* stand_in = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(key.align_bias));
+        CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in,
+                                                            sizeof(stand_in)));
+      }
+    }
 
     cublasLtMatmulPreference_t pref_raw = nullptr;
     CCGRAPH_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_raw));
@@ -333,16 +373,43 @@ inline int& gemm_sm_carveout() noexcept {
 /// to cublasGemmEx when it offers none), or either one alone (tests compare them).
 enum class gemm_backend { automatic, lt, gemm_ex };
 
-/// gemm() through a chosen backend: the one implementation behind it.
-inline void gemm_with(gemm_backend backend, device dev, dtype dt, std::int64_t m, std::int64_t n,
-                      std::int64_t k, const void* a, std::int64_t lda, bool ta, const void* b,
-                      std::int64_t ldb, bool tb, void* c, std::int64_t ldc) {
+/// One GEMM call, row-major: C[m,n] = A[m,k] · B[k,n] (+ epilogue), `batch` times with the
+/// pointers advanced by stride_a / stride_b / stride_c elements each time (0: the same matrix
+/// for every batch, a broadcast). A has row stride lda (ta: stored transposed, as [k,m]), B
+/// likewise (tb: stored as [n,k]), C has row stride ldc. `bias`: n elements of dt added to every
+/// row of C (every batch) by the bias epilogues.
+struct gemm_call {
+  device dev;
+  dtype dt = dtype::f32;
+  std::int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  std::int64_t lda = 0;
+  bool ta = false;
+  const void* b = nullptr;
+  std::int64_t ldb = 0;
+  bool tb = false;
+  void* c = nullptr;
+  std::int64_t ldc = 0;
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  gemm_epilogue epilogue = gemm_epilogue::none;
+  const void* bias = nullptr;
+};
+
+/// Runs `call` through a chosen backend: the one implementation behind gemm(). Returns false,
+/// having queued nothing, only when an epilogue was asked and cuBLASLt offers no algorithm for
+/// it (f64, say; the caller then adds the bias itself); every other failure throws.
+inline bool gemm_run(gemm_backend backend, const gemm_call& g) {
   // Argument checks first, before any CUDA call: they read like the call and need no GPU.
-  const gemm_types t = gemm_types_of(dt);
-  CCGRAPH_CHECK(dev.is_cuda(), "gemm: operands on ", dev, ", not a CUDA device");
-  CCGRAPH_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size (m=", m, ", n=", n, ", k=", k,
-                ")");
-  if (m == 0 || n == 0) return;
+  const gemm_types t = gemm_types_of(g.dt);
+  const std::int64_t m = g.m, n = g.n, k = g.k, lda = g.lda, ldb = g.ldb, ldc = g.ldc;
+  const bool ta = g.ta, tb = g.tb;
+  CCGRAPH_CHECK(g.dev.is_cuda(), "gemm: operands on ", g.dev, ", not a CUDA device");
+  CCGRAPH_CHECK(m >= 0 && n >= 0 && k >= 0 && g.batch >= 0, "gemm: negative size (m=", m, ", n=", n, ", k=", k,
+                ", batch=", g.batch, ")");
+  CCGRAPH_CHECK(g.batch < (std::int64_t{1} << 31), "gemm: batch count ", g.batch, " exceeds 2^31 - 1");
+  const bool has_bias = g.epilogue == gemm_epilogue::bias || g.epilogue == gemm_epilogue::gelu_bias;
+  CCGRAPH_CHECK(!has_bias || g.bias != nullptr, "gemm: a bias epilogue without a bias");
+  if (m == 0 || n == 0 || g.batch == 0) return true;
   if (k > 0) {
     CCGRAPH_CHECK(lda >= (ta ? m : k), "gemm: lda ", lda, " is less than the row length ",
                   ta ? m : k, " of A stored as ", ta ? "[k,m]" : "[m,k]", " (m=", m, ", k=", k,
@@ -353,51 +420,99 @@ inline void gemm_with(gemm_backend backend, device dev, dtype dt, std::int64_t m
   }
   CCGRAPH_CHECK(ldc >= n, "gemm: ldc ", ldc, " is less than the row length ", n, " of C [m,n]");
 
-  const blas_device_guard on_device(dev.index);
+  const blas_device_guard on_device(g.dev.index);
   const cudaStream_t stream = ::ccgraph::cuda::current_stream();
-  if (k == 0) {
+  if (k == 0 && g.epilogue == gemm_epilogue::none) {
     // An empty sum: C = 0. Done here because cuBLASLt may reject k = 0.
-    const std::size_t es = element_size(dt);
-    CCGRAPH_CHECK_CUDA(cudaMemset2DAsync(c, static_cast<std::size_t>(ldc) * es, 0,
-                                         static_cast<std::size_t>(n) * es,
-                                         static_cast<std::size_t>(m), stream));
-    return;
+    const std::size_t es = element_size(g.dt);
+    for (std::int64_t i = 0; i < g.batch; ++i)
+      CCGRAPH_CHECK_CUDA(cudaMemset2DAsync(static_cast<char*>(g.c) + static_cast<std::size_t>(i * g.stride_c) * es,
+                                           static_cast<std::size_t>(ldc) * es, 0, static_cast<std::size_t>(n) * es,
+                                           static_cast<std::size_t>(m), stream));
+    return true;
   }
+  if (k == 0) return false;  // an epilogue of an empty sum: the caller's fallback writes it
 
-  blas_context& ctx = blas_context_for(dev.index);
+  blas_context& ctx = blas_context_for(g.dev.index);
   void* workspace = ctx.workspace(stream);
   const float one_f = 1.f, zero_f = 0.f;
   const double one_d = 1.0, zero_d = 0.0;
   const bool f64 = t.scale == CUDA_R_64F;
   const void* alpha = f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
   const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+  const std::int64_t batch = g.batch;
+  // One batch entry needs no batch attributes (and its strides do not matter).
+  const std::int64_t sa = batch > 1 ? g.stride_a : 0, sb = batch > 1 ? g.stride_b : 0, sc = batch > 1 ? g.stride_c : 0;
 
   if (backend != gemm_backend::gemm_ex) {
     const int carveout = gemm_sm_carveout();
     const std::int32_t sm_target = carveout > 0 && carveout < ctx.sm_count() ? ctx.sm_count() - carveout : 0;
-    const gemm_key key{m,  n,  k,  lda, ldb, ldc, dt, ta, tb, pointer_alignment(a), pointer_alignment(b),
-                       pointer_alignment(c), sm_target};
+    const gemm_key key{m,
+                       n,
+                       k,
+                       lda,
+                       ldb,
+                       ldc,
+                       g.dt,
+                       ta,
+                       tb,
+                       pointer_alignment(g.a),
+                       pointer_alignment(g.b),
+                       pointer_alignment(g.c),
+                       sm_target,
+                       batch,
+                       sa,
+                       sb,
+                       sc,
+                       g.epilogue,
+                       has_bias ? pointer_alignment(g.bias) : 0u};
     const gemm_plan& plan = ctx.plan(key);
     if (plan.has_algo) {
-      CCGRAPH_CHECK_CUBLAS(cublasLtMatmul(ctx.lt(), plan.desc.get(), alpha, b, plan.cu_a.get(), a,
-                                          plan.cu_b.get(), beta, c, plan.cu_c.get(), c,
+      if (has_bias)
+        CCGRAPH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                            &g.bias, sizeof(g.bias)));
+      CCGRAPH_CHECK_CUBLAS(cublasLtMatmul(ctx.lt(), plan.desc.get(), alpha, g.b, plan.cu_a.get(), g.a,
+                                          plan.cu_b.get(), beta, g.c, plan.cu_c.get(), g.c,
                                           plan.cu_c.get(), &plan.algo, workspace,
                                           gemm_workspace_bytes, stream));
-      return;
+      return true;
     }
-    CCGRAPH_CHECK(backend == gemm_backend::automatic, "gemm: cuBLASLt has no algorithm for ", dt,
+    if (g.epilogue != gemm_epilogue::none) return false;
+    CCGRAPH_CHECK(backend == gemm_backend::automatic, "gemm: cuBLASLt has no algorithm for ", g.dt,
                   " m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
-                  " ta=", ta, " tb=", tb);
+                  " ta=", ta, " tb=", tb, " batch=", batch);
   }
+  if (g.epilogue != gemm_epilogue::none) return false;
 
   // cublasGemmEx: the same column-major swap. cublasSetStream resets the handle's workspace to
   // cuBLAS's own pool, so the workspace is set again after it, every call.
   const cublasHandle_t h = ctx.classic();
   CCGRAPH_CHECK_CUBLAS(cublasSetStream(h, stream));
   CCGRAPH_CHECK_CUBLAS(cublasSetWorkspace(h, workspace, gemm_workspace_bytes));
-  CCGRAPH_CHECK_CUBLAS(cublasGemmEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                       n, m, k, alpha, b, t.data, ldb, a, t.data, lda, beta, c,
-                                       t.data, ldc, t.compute, CUBLAS_GEMM_DEFAULT));
+  if (batch == 1) {
+    CCGRAPH_CHECK_CUBLAS(cublasGemmEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         n, m, k, alpha, g.b, t.data, ldb, g.a, t.data, lda, beta, g.c,
+                                         t.data, ldc, t.compute, CUBLAS_GEMM_DEFAULT));
+  } else {
+    CCGRAPH_CHECK_CUBLAS(cublasGemmStridedBatchedEx_64(
+        h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, alpha, g.b, t.data, ldb, sb, g.a,
+        t.data, lda, sa, beta, g.c, t.data, ldc, sc, batch, t.compute, CUBLAS_GEMM_DEFAULT));
+  }
+  return true;
+}
+
+/// gemm() through a chosen backend (tests compare them).
+inline void gemm_with(gemm_backend backend, device dev, dtype dt, std::int64_t m, std::int64_t n,
+                      std::int64_t k, const void* a, std::int64_t lda, bool ta, const void* b,
+                      std::int64_t ldb, bool tb, void* c, std::int64_t ldc) {
+  gemm_call g;
+  g.dev = dev;
+  g.dt = dt;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.lda = lda, g.ta = ta;
+  g.b = b, g.ldb = ldb, g.tb = tb;
+  g.c = c, g.ldc = ldc;
+  (void)gemm_run(backend, g);
 }
 
 /// Row-major GEMM on the current stream of the calling thread: C[m,n] = A[m,k] · B[k,n], where A
@@ -411,6 +526,24 @@ inline void gemm(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int6
                  const void* a, std::int64_t lda, bool ta, const void* b, std::int64_t ldb,
                  bool tb, void* c, std::int64_t ldc) {
   gemm_with(gemm_backend::automatic, dev, dt, m, n, k, a, lda, ta, b, ldb, tb, c, ldc);
+}
+
+/// gemm() over `batch` matrices at element strides stride_a / stride_b / stride_c (0
+/// broadcasts an operand): one cuBLASLt strided-batched call (cublasGemmStridedBatchedEx when
+/// cuBLASLt has no algorithm). The `gemm_batched` entry of ccgraph::detail::device_runtime.
+inline void gemm_batched(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const void* a, std::int64_t lda, bool ta, const void* b, std::int64_t ldb,
+                         bool tb, void* c, std::int64_t ldc, std::int64_t batch, std::int64_t stride_a,
+                         std::int64_t stride_b, std::int64_t stride_c) {
+  gemm_call g;
+  g.dev = dev;
+  g.dt = dt;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.lda = lda, g.ta = ta;
+  g.b = b, g.ldb = ldb, g.tb = tb;
+  g.c = c, g.ldc = ldc;
+  g.batch = batch, g.stride_a = stride_a, g.stride_b = stride_b, g.stride_c = stride_c;
+  (void)gemm_run(gemm_backend::automatic, g);
 }
 
 }  // namespace ccgraph::cuda::detail

@@ -805,10 +805,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   }
 
   /// The address of a buffer's first element.
-  static void* buffer_ptr(const ::ccgraph::detail::buffer& b) {
-    return static_cast<char*>(b.st ? b.st->data() : nullptr) +
-           b.offset * static_cast<std::int64_t>(element_size(b.meta.dtype));
-  }
+  static void* buffer_ptr(const ::ccgraph::detail::buffer& b) { return detail::buffer_address(b); }
 
   /// The copy-engine channel of `req`'s group with room for its input, set up or grown now on
   /// `s`, the communication stream (both ranks reach this call together: they run the same
@@ -859,14 +856,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   }
 
   /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several):
-  /// nccl_impl<O>::issue per tensor (cuda/nccl_ops.hpp).
+  /// nccl_impl<O>::issue per tensor or issue_request per request (cuda/nccl_ops.hpp).
   void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, cudaStream_t s, const char* what) {
     std::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
-          for (std::size_t i = 0; i < req.inputs.size(); ++i)
-            detail::nccl_impl<O>::issue(o, detail::nccl_call{req, req.inputs[i], req.outputs[i], buffer_ptr(req.inputs[i]),
-                                                              buffer_ptr(req.outputs[i]), c, s, what});
+          detail::nccl_issue<O>(o, req, c, s, what);
         },
         req.op);
   }

@@ -62,6 +62,21 @@ inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
                 " is not supported by NCCL (it has sum, avg, product, min, max)");
 }
 
+/// The device address of a buffer's first element.
+inline void* buffer_address(const ::ccgraph::detail::buffer& b) {
+  return static_cast<char*>(b.st ? b.st->data() : nullptr) +
+         b.offset * static_cast<std::int64_t>(element_size(b.meta.dtype));
+}
+
+/// A whole collective request, as the NCCL calls of an op whose inputs and outputs do not pair
+/// up tensor by tensor need it (batch_isend_irecv).
+struct nccl_request {
+  const ::ccgraph::detail::collective_request& req;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  const char* what;
+};
+
 /// One tensor of a collective request, as an NCCL call needs it.
 struct nccl_call {
   const ::ccgraph::detail::collective_request& req;
@@ -79,8 +94,10 @@ struct nccl_call {
   ncclRedOp_t redop(reduce_op op) const { return nccl_redop(op, in.meta.dtype, what); }
 };
 
-/// The NCCL calls of collective `O`, one tensor at a time: `issue(o, call)`, and `grouped`
-/// when even one tensor takes several NCCL calls (then the backend wraps them in a group).
+/// The NCCL calls of collective `O`: one tensor at a time, `issue(o, nccl_call)`, or, for an op
+/// whose inputs and outputs do not pair up, the whole request, `issue_request(o, nccl_request)`;
+/// and `grouped` when even one tensor (or the request) takes several NCCL calls (then the
+/// backend wraps them in a group).
 template <class O>
 struct nccl_impl;
 
@@ -166,16 +183,71 @@ struct nccl_impl<ops::all_to_all_single> {
   }
 };
 
+template <>
+struct nccl_impl<ops::reduce> {
+  static constexpr bool grouped = false;
+  /// NCCL writes the root's output only; the others return their input, as c10d's.
+  static void issue(const ops::reduce& o, const nccl_call& c) {
+    if (c.req.rank != o.dst && c.out_ptr != c.in_ptr)
+      CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(c.out_ptr, c.in_ptr, c.in_count() * element_size(c.in.meta.dtype),
+                                         cudaMemcpyDeviceToDevice, c.stream));
+    CCGRAPH_CHECK_NCCL(ncclReduce(c.in_ptr, c.out_ptr, c.in_count(), c.dt(), c.redop(o.op),
+                                  c.req.group.index_of(o.dst), c.comm, c.stream));
+  }
+};
+template <>
+struct nccl_impl<ops::batch_isend_irecv> {
+  static constexpr bool grouped = true;  // NCCL pairs a group's sends and receives whatever their order
+  /// Sends read the inputs in order, receives fill the outputs in order: ncclSend/ncclRecv,
+  /// all inside the backend's ncclGroupStart/End.
+  static void issue_request(const ops::batch_isend_irecv& o, const nccl_request& c) {
+    const auto& req = c.req;
+    std::size_t si = 0, ri = 0;
+    for (const ops::p2p_desc& d : o.ops) {
+      const int peer = req.group.index_of(d.peer);
+      CCGRAPH_CHECK(peer >= 0 && d.peer != req.rank, c.what, ": peer rank ", d.peer, " is not another member of group ",
+                    list_str(req.group.ranks));
+      const auto& b = d.is_send ? req.inputs.at(si++) : req.outputs.at(ri++);
+      const auto count = static_cast<std::size_t>(numel_of(b.meta.shape));
+      if (count == 0) continue;
+      if (d.is_send)
+        CCGRAPH_CHECK_NCCL(ncclSend(buffer_address(b), count, nccl_dtype(b.meta.dtype), peer, c.comm, c.stream));
+      else
+        CCGRAPH_CHECK_NCCL(ncclRecv(buffer_address(b), count, nccl_dtype(b.meta.dtype), peer, c.comm, c.stream));
+    }
+  }
+};
+
+/// `O`'s NCCL calls take the whole request (nccl_impl<O>::issue_request), not one tensor at a time.
+template <class O>
+concept nccl_per_request = requires(const O& o, const nccl_request& r) {
+  { nccl_impl<O>::issue_request(o, r) } -> std::same_as<void>;
+};
+
 template <class O>
 concept has_nccl_impl = requires(const O& o, const nccl_call& c) {
-  { nccl_impl<O>::issue(o, c) } -> std::same_as<void>;
   { nccl_impl<O>::grouped } -> std::convertible_to<bool>;
-};
+} && (nccl_per_request<O> || requires(const O& o, const nccl_call& c) {
+  { nccl_impl<O>::issue(o, c) } -> std::same_as<void>;
+});
+
+/// Enqueues the NCCL calls of `req` (collective `o`) on `s`: per tensor, or per request.
+template <class O>
+void nccl_issue(const O& o, const ::ccgraph::detail::collective_request& req, ncclComm_t comm, cudaStream_t s,
+                const char* what) {
+  if constexpr (nccl_per_request<O>) {
+    nccl_impl<O>::issue_request(o, nccl_request{req, comm, s, what});
+  } else {
+    for (std::size_t i = 0; i < req.inputs.size(); ++i)
+      nccl_impl<O>::issue(o, nccl_call{req, req.inputs[i], req.outputs[i], buffer_address(req.inputs[i]),
+                                       buffer_address(req.outputs[i]), comm, s, what});
+  }
+}
 
 template <class O>
 constexpr bool check_nccl_op() {
   static_assert(has_nccl_impl<O>,
-                "nccl backend: a collective lacks `nccl_impl<O>` (issue, grouped) in cuda/nccl_ops.hpp; see "
+                "nccl backend: a collective lacks `nccl_impl<O>` (issue or issue_request, grouped) in cuda/nccl_ops.hpp; see "
                 "docs/concepts.md \"Adding an op\" (the op is named in the instantiation backtrace)");
   return true;
 }

@@ -169,6 +169,14 @@ inline void gemm_entry(device dev, dtype dt, std::int64_t m, std::int64_t n, std
   gemm(dev, dt, m, n, k, a, lda, ta, b, ldb, tb, c, ldc);
 }
 
+inline void gemm_batched_entry(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const void* a, std::int64_t lda, bool ta, const void* b, std::int64_t ldb,
+                               bool tb, void* c, std::int64_t ldc, std::int64_t batch, std::int64_t stride_a,
+                               std::int64_t stride_b, std::int64_t stride_c) {
+  device_scope scope(dev.index);
+  gemm_batched(dev, dt, m, n, k, a, lda, ta, b, ldb, tb, c, ldc, batch, stride_a, stride_b, stride_c);
+}
+
 inline void capture_begin(device dev) {
   // A bad CCGRAPH_GRAPH_SUMMARY is an error before anything is recorded, not after.
   (void)::ccgraph::detail::env_flag("CCGRAPH_GRAPH_SUMMARY", false);
@@ -224,7 +232,7 @@ inline void destroy_graph(void* graph) {
 
 inline const ::ccgraph::detail::device_runtime runtime_table{
     &allocate, &deallocate, &copy, &synchronize, &gemm_entry, &capture_begin, &capture_end, &replay,
-    &destroy_graph};
+    &destroy_graph, &gemm_batched_entry};
 
 /// Installs the CUDA runtime for device tensors (at static initialisation of every translation
 /// unit that includes this header; idempotent).

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -20,6 +22,8 @@
 #include <ccgraph/expr/functors.hpp>
 #include <ccgraph/expr/fwd.hpp>
 #include <ccgraph/tensor/kernel_tree.hpp>
+#include <ccgraph/tensor/philox.hpp>
+#include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -120,6 +124,35 @@ struct scalar_leaf {
   }
 };
 
+/// A random operand: the values of distribution `Dist` (tensor/philox.hpp) over its own shape,
+/// broadcast like a tensor. Eagerly its draw is reserved from the generator when the leaf is
+/// made, so evaluating the expression twice gives the same values; in a traced expression each
+/// run of the graph reserves a new draw from `gen` (or, without one, from the default generator
+/// of the thread that runs it). `id` tells two draws apart in a trace's memo.
+template <class Dist>
+struct random_leaf {
+  using value_type = typename Dist::value_type;
+  Dist dist;
+  shape_t shape_;
+  philox_stream at;
+  std::optional<generator> gen;
+  std::uint64_t id = 0;
+  const shape_t& shape() const { return shape_; }
+  /// True when the values depend on the draws (not a constant mask).
+  bool draws() const { return dist_draws(dist); }
+};
+
+/// A process-wide serial number for random leaves.
+inline std::uint64_t next_random_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class X>
+inline constexpr bool is_random_leaf_v = false;
+template <class D>
+inline constexpr bool is_random_leaf_v<random_leaf<D>> = true;
+
 template <class X>
 inline constexpr bool is_tensor_leaf_v = false;
 template <class T>
@@ -142,6 +175,9 @@ struct structure {  // leaves; symbolic leaves count as tensor operands
   static constexpr std::size_t tensor_leaves =
       is_tensor_leaf_v<X> || is_tensor_v<X> || is_symbolic_leaf_v<X> || is_symbolic_v<X> ? 1 : 0;
   static constexpr std::size_t scalar_leaves = is_scalar_leaf_v<X> ? 1 : 0;
+  static constexpr std::size_t random_leaves = is_random_leaf_v<X> ? 1 : 0;
+  /// Leaves that take an operand index (kernel_tree.hpp): tensors and random operands.
+  static constexpr std::size_t indexed_leaves = tensor_leaves + random_leaves;
   static constexpr std::size_t ops = 0;
   static constexpr std::size_t depth = 0;
   template <class Tag>
@@ -164,6 +200,8 @@ template <class Op, class... Args>
 struct structure<pointwise_expr<Op, Args...>> {
   static constexpr std::size_t tensor_leaves = (structure<Args>::tensor_leaves + ...);
   static constexpr std::size_t scalar_leaves = (structure<Args>::scalar_leaves + ...);
+  static constexpr std::size_t random_leaves = (structure<Args>::random_leaves + ...);
+  static constexpr std::size_t indexed_leaves = tensor_leaves + random_leaves;
   static constexpr std::size_t ops = 1 + (structure<Args>::ops + ...);
   static constexpr std::size_t depth = 1 + std::max({structure<Args>::depth...});
   template <class Tag>
@@ -241,6 +279,10 @@ inline constexpr std::size_t leaf_count_v = detail::structure<std::remove_cvref_
 template <class E>
 inline constexpr std::size_t scalar_count_v = detail::structure<std::remove_cvref_t<E>>::scalar_leaves;
 
+/// Number of random operands (dropout masks) of expression type E.
+template <class E>
+inline constexpr std::size_t random_count_v = detail::structure<std::remove_cvref_t<E>>::random_leaves;
+
 /// Longest chain of op nodes from the root to a leaf (0 for a tensor, 1 for `relu(a)`).
 template <class E>
 inline constexpr std::size_t expression_depth_v = detail::structure<std::remove_cvref_t<E>>::depth;
@@ -286,6 +328,16 @@ CCGRAPH_HOST_DEVICE auto apply_pack(const elem_pack<A, V>& x, const elem_pack<B,
   return r;
 }
 
+template <class Op, class A, class B, class C, int V>
+CCGRAPH_HOST_DEVICE auto apply_pack(const elem_pack<A, V>& x, const elem_pack<B, V>& y, const elem_pack<C, V>& z) {
+  elem_pack<decltype(Op::apply(x.v[0], y.v[0], z.v[0])), V> r;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < V; ++j) r.v[j] = Op::apply(x.v[j], y.v[j], z.v[j]);
+  return r;
+}
+
 template <class Op, class... Ks>
 struct node_kernel;
 
@@ -314,31 +366,56 @@ struct node_kernel<Op, K0, K1> {
   CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16() && b.aligned16(); }
 };
 
-/// Builds the kernel tree of `x`, numbering its tensor leaves from I in visiting order. Reading
-/// a leaf's pointer through tensor::data() waits for it if it is pending.
+/// Kernel node of a ternary op (where, clamp, dropout).
+template <class Op, class K0, class K1, class K2>
+struct node_kernel<Op, K0, K1, K2> {
+  K0 a;
+  K1 b;
+  K2 c;
+  CCGRAPH_HOST_DEVICE auto load(const std::int64_t* o, std::int64_t i) const {
+    return Op::apply(a.load(o, i), b.load(o, i), c.load(o, i));
+  }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE auto load_pack(std::int64_t i) const {
+    return apply_pack<Op>(a.template load_pack<V, Vec>(i), b.template load_pack<V, Vec>(i),
+                          c.template load_pack<V, Vec>(i));
+  }
+  CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16() && b.aligned16() && c.aligned16(); }
+};
+
+/// Builds the kernel tree of `x`, numbering its indexed leaves (tensors, random operands) from
+/// I in visiting order. Reading a leaf's pointer through tensor::data() waits for it if it is
+/// pending.
 template <std::size_t I, class X>
 auto make_kernel(const X& x) {
   if constexpr (is_tensor_leaf_v<X>) {
     return tensor_kernel<typename X::value_type, I>{x.value.data()};
   } else if constexpr (is_scalar_leaf_v<X>) {
     return scalar_kernel<typename X::value_type>{x.value};
+  } else if constexpr (is_random_leaf_v<X>) {
+    return random_kernel<decltype(x.dist), I>{x.dist, x.at};
   } else {
     using op = typename X::op_type;
     const auto& args = x.args();
+    using args_t = std::remove_cvref_t<decltype(args)>;
+    auto a = make_kernel<I>(std::get<0>(args));
     if constexpr (op::arity == 1) {
-      auto a = make_kernel<I>(std::get<0>(args));
       return node_kernel<op, decltype(a)>{a};
     } else {
-      using a0 = std::tuple_element_t<0, std::remove_cvref_t<decltype(args)>>;
-      auto a = make_kernel<I>(std::get<0>(args));
-      auto b = make_kernel<I + structure<a0>::tensor_leaves>(std::get<1>(args));
-      return node_kernel<op, decltype(a), decltype(b)>{a, b};
+      constexpr std::size_t i1 = I + structure<std::tuple_element_t<0, args_t>>::indexed_leaves;
+      auto b = make_kernel<i1>(std::get<1>(args));
+      if constexpr (op::arity == 2) {
+        return node_kernel<op, decltype(a), decltype(b)>{a, b};
+      } else {
+        auto c = make_kernel<i1 + structure<std::tuple_element_t<1, args_t>>::indexed_leaves>(std::get<2>(args));
+        return node_kernel<op, decltype(a), decltype(b), decltype(c)>{a, b, c};
+      }
     }
   }
 }
 
-/// Calls `f(leaf)` for every leaf of `x` (tensor_leaf or scalar_leaf) in the order make_kernel
-/// numbers them: what the tracer reads an expression's inputs with.
+/// Calls `f(leaf)` for every leaf of `x` (tensor_leaf, scalar_leaf, random_leaf or a symbolic
+/// leaf) in the order make_kernel numbers them: what the tracer reads an expression's inputs with.
 template <class X, class F>
 void visit_leaves(const X& x, F&& f) {
   if constexpr (is_node_v<X>)
@@ -352,17 +429,25 @@ void visit_leaves(const X& x, F&& f) {
 template <std::size_t I = 0, class X, class T>
 X rebind_leaves(const X& x, const std::vector<tensor<T>>& leaves) {
   if constexpr (is_tensor_leaf_v<X>) {
+    static_assert(std::is_same_v<typename X::value_type, T>,
+                  "rebind_leaves: the expression has tensor operands of another element type");
     CCGRAPH_CHECK(I < leaves.size(), "rebind_leaves: expression needs more than ", leaves.size(),
                   " tensors");
     return X{leaves[I]};
-  } else if constexpr (is_scalar_leaf_v<X>) {
+  } else if constexpr (is_scalar_leaf_v<X> || is_random_leaf_v<X>) {
     return x;
-  } else if constexpr (X::op_type::arity == 1) {
-    return X(rebind_leaves<I>(std::get<0>(x.args()), leaves));
   } else {
-    using a0 = std::tuple_element_t<0, std::remove_cvref_t<decltype(x.args())>>;
-    return X(rebind_leaves<I>(std::get<0>(x.args()), leaves),
-             rebind_leaves<I + structure<a0>::tensor_leaves>(std::get<1>(x.args()), leaves));
+    using args_t = std::remove_cvref_t<decltype(x.args())>;
+    constexpr std::size_t i1 = I + structure<std::tuple_element_t<0, args_t>>::tensor_leaves;
+    if constexpr (X::op_type::arity == 1) {
+      return X(rebind_leaves<I>(std::get<0>(x.args()), leaves));
+    } else if constexpr (X::op_type::arity == 2) {
+      return X(rebind_leaves<I>(std::get<0>(x.args()), leaves), rebind_leaves<i1>(std::get<1>(x.args()), leaves));
+    } else {
+      constexpr std::size_t i2 = i1 + structure<std::tuple_element_t<1, args_t>>::tensor_leaves;
+      return X(rebind_leaves<I>(std::get<0>(x.args()), leaves), rebind_leaves<i1>(std::get<1>(x.args()), leaves),
+               rebind_leaves<i2>(std::get<2>(x.args()), leaves));
+    }
   }
 }
 
@@ -382,16 +467,30 @@ void pointwise_run(const K& k, T* out, const std::int64_t* offsets, std::int64_t
   for (; i < n; ++i) out[i] = k.load(offsets, i);
 }
 
-/// Each tensor operand's strides over `out`'s shape (0 along broadcast dims), the output's
+/// Strides that read a contiguous operand of `shape` broadcast to `target` (0 on broadcast
+/// dims): how a random operand is indexed.
+inline strides_t broadcast_contiguous_strides(const shape_t& shape, const shape_t& target) {
+  const strides_t own = contiguous_strides(shape);
+  strides_t st(target.size(), 0);
+  const std::size_t lead = target.size() - shape.size();
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    st[lead + i] = shape[i] == 1 && target[lead + i] != 1 ? 0 : own[i];
+  return st;
+}
+
+/// Each indexed operand's strides over `out`'s shape (0 along broadcast dims), the output's
 /// first: how the strided loops and the device kernel index every operand.
 template <class E, class T>
-std::array<strides_t, structure<E>::tensor_leaves + 1> operand_strides(const E& e, const tensor<T>& out) {
-  std::array<strides_t, structure<E>::tensor_leaves + 1> strides;
+std::array<strides_t, structure<E>::indexed_leaves + 1> operand_strides(const E& e, const tensor<T>& out) {
+  std::array<strides_t, structure<E>::indexed_leaves + 1> strides;
   strides[0] = out.strides();
   std::size_t next = 1;
   visit_leaves(e, [&](const auto& leaf) {
-    if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
-      strides[next++] = tensor<T>::detail_broadcast_strides(leaf.value, out.shape());
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    if constexpr (is_tensor_leaf_v<L>)
+      strides[next++] = tensor<typename L::value_type>::detail_broadcast_strides(leaf.value, out.shape());
+    else if constexpr (is_random_leaf_v<L>)
+      strides[next++] = broadcast_contiguous_strides(leaf.shape(), out.shape());
   });
   return strides;
 }
@@ -401,7 +500,7 @@ std::array<strides_t, structure<E>::tensor_leaves + 1> operand_strides(const E& 
 template <class E>
 void evaluate_into(const E& e, const tensor<typename E::value_type>& out) {
   using T = typename E::value_type;
-  constexpr std::size_t n_leaves = structure<E>::tensor_leaves;
+  constexpr std::size_t n_leaves = structure<E>::indexed_leaves;
   const shape_t& shape = e.shape();
   CCGRAPH_CHECK(out.shape() == shape, "evaluate_into: output of shape ", shape_str(out.shape()),
                 " for an expression of shape ", shape_str(shape));
@@ -423,8 +522,11 @@ void evaluate_into(const E& e, const tensor<typename E::value_type>& out) {
   T* o = out.data();
   bool flat = out.is_contiguous();
   visit_leaves(e, [&](const auto& leaf) {
-    if constexpr (is_tensor_leaf_v<std::remove_cvref_t<decltype(leaf)>>)
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    if constexpr (is_tensor_leaf_v<L>)
       flat = flat && leaf.value.shape() == shape && leaf.value.is_contiguous();
+    else if constexpr (is_random_leaf_v<L>)
+      flat = flat && leaf.shape() == shape;
   });
   if (flat) {
     const std::array<std::int64_t, n_leaves + 1> zero{};
@@ -471,10 +573,11 @@ class pointwise_expr : public detail::expr_base {
  public:
   /// The op of this node (a tag of ccgraph::ops).
   using op_type = Op;
-  /// The element type of every operand and of the result.
-  using value_type = typename std::tuple_element_t<0, std::tuple<Args...>>::value_type;
-  static_assert((std::is_same_v<typename Args::value_type, value_type> && ...),
-                "pointwise expression: mixing dtypes: all operands must have the same element type");
+  /// The element type of the result (the operands' for arithmetic, bool for comparisons).
+  using value_type = op_result_t<Op, typename Args::value_type...>;
+  static_assert(Op::template accepts<typename Args::value_type...>,
+                "pointwise expression: mixing dtypes: the operands' element types do not fit the op "
+                "(arithmetic takes one element type; where a bool condition and two of one type)");
 
   /// Takes the operands and checks that their shapes broadcast together.
   explicit pointwise_expr(Args... args) : args_(std::move(args)...), shape_(result_shape()) {}
@@ -513,13 +616,22 @@ class pointwise_expr : public detail::expr_base {
   }
   /// The values in row-major order (evaluates).
   std::vector<value_type> to_vector() const { return eval().to_vector(); }
+  /// This expression converted to element type U, lazily: one more node of the same loop.
+  template <element U>
+  pointwise_expr<ops::to<U>, pointwise_expr> to() const {
+    return pointwise_expr<ops::to<U>, pointwise_expr>(*this);
+  }
 
  private:
   shape_t result_shape() const {
+    // Op::name views a string literal, so data() is null-terminated.
     if constexpr (Op::arity == 1)
       return std::get<0>(args_).shape();
-    else  // Op::name views a string literal, so data() is null-terminated.
+    else if constexpr (Op::arity == 2)
       return broadcast_shapes(std::get<0>(args_).shape(), std::get<1>(args_).shape(), Op::name.data());
+    else
+      return broadcast_shapes(broadcast_shapes(std::get<0>(args_).shape(), std::get<1>(args_).shape(), Op::name.data()),
+                              std::get<2>(args_).shape(), Op::name.data());
   }
 
   std::tuple<Args...> args_;
@@ -545,7 +657,7 @@ struct operand_node<T, X> {
 template <class T, class X>
   requires is_tensor_v<std::remove_cvref_t<X>>
 struct operand_node<T, X> {
-  using type = tensor_leaf<T>;
+  using type = tensor_leaf<typename std::remove_cvref_t<X>::value_type>;
 };
 template <class T, class X>
   requires has_leaf_type_v<X>
@@ -553,7 +665,8 @@ struct operand_node<T, X> {
   using type = typename leaf_type_of<std::remove_cvref_t<X>>::type;
 };
 
-/// The node type an operand becomes in an expression of element type T.
+/// The node type an operand becomes in an expression whose scalars convert to T (tensors,
+/// expressions and symbolic values keep their own element type).
 template <class T, class X>
 using operand_node_t = typename operand_node<T, X>::type;
 
@@ -580,11 +693,17 @@ struct operands_value<X, Xs...> {
   using type = value_type_t<X>;
 };
 
-/// Builds the node `Op(xs...)`; the callers have already checked the element types.
+/// Builds the node `Op(xs...)` with scalar operands converted to T; the callers have already
+/// checked the element types.
+template <class Op, class T, class... Xs>
+auto make_expr_as(Xs&&... xs) {
+  return pointwise_expr<Op, operand_node_t<T, Xs>...>(to_operand<T>(std::forward<Xs>(xs))...);
+}
+
+/// Builds the node `Op(xs...)`, scalars converted to the first tensor operand's element type.
 template <class Op, class... Xs>
 auto make_expr(Xs&&... xs) {
-  using T = typename operands_value<Xs...>::type;
-  return pointwise_expr<Op, operand_node_t<T, Xs>...>(to_operand<T>(std::forward<Xs>(xs))...);
+  return make_expr_as<Op, typename operands_value<Xs...>::type>(std::forward<Xs>(xs)...);
 }
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 // ccgraph/expr/functors.hpp: the pointwise ops, one tag each. A tag is the single definition of
-// its op: the name the printer, tracer and op_sequence show, its arity, and the scalar math that
-// the CPU loop and the CUDA kernels both run.
+// its op: the name the printer, tracer and op_sequence show, its arity, its type rule (which
+// element types its operands may have and what its result is), and the scalar math that the
+// CPU loop and the CUDA kernels both run.
 #pragma once
 
 #include <cmath>
@@ -13,15 +14,26 @@
 
 namespace ccgraph::detail {
 
-/// Common part of every pointwise tag: `apply` converts the operands to compute_t<T> (float for
+/// True when every type of the pack is the first one.
+template <class T, class... Ts>
+inline constexpr bool all_same_v = (std::is_same_v<T, Ts> && ...);
+
+/// Common part of most pointwise tags: `apply` converts the operands to compute_t<T> (float for
 /// bf16/f16), runs `Op::compute` there and rounds the result back to T once, as one eager
 /// PyTorch op does. So a fused chain gives bit-for-bit the results of running its ops one by one.
+/// The type rule: every operand has one element type T, and so has the result.
 template <class Op, int Arity, bool FloatingOnly = false>
 struct pointwise_tag {
   /// Number of operands.
   static constexpr int arity = Arity;
   /// True for ops that only make sense on floating-point tensors (gelu, sin, exp, ...).
   static constexpr bool floating_only = FloatingOnly;
+  /// True when operands of these element types are valid (here: all the same type).
+  template <class... Ts>
+  static constexpr bool accepts = sizeof...(Ts) == Arity && all_same_v<Ts...>;
+  /// The result's element type for operands of these types.
+  template <class T, class... Ts>
+  using result = T;
 
   /// The op on one element of type T.
   template <class T>
@@ -37,7 +49,100 @@ struct pointwise_tag {
     using C = compute_t<T>;
     return cast<T>(Op::compute(static_cast<C>(x), static_cast<C>(y)));
   }
+  /// The op on one element of each of three operands, of type T.
+  template <class T>
+    requires(Arity == 3)
+  CCGRAPH_HOST_DEVICE static T apply(T x, T y, T z) {
+    using C = compute_t<T>;
+    return cast<T>(Op::compute(static_cast<C>(x), static_cast<C>(y), static_cast<C>(z)));
+  }
 };
+
+/// Common part of the comparisons: two operands of one element type, compared in compute_t<T>
+/// (IEEE: every comparison with NaN is false but !=); the result is bool.
+template <class Op>
+struct compare_tag {
+  static constexpr int arity = 2;
+  static constexpr bool floating_only = false;
+  template <class... Ts>
+  static constexpr bool accepts = sizeof...(Ts) == 2 && all_same_v<Ts...>;
+  template <class T, class... Ts>
+  using result = bool;
+  template <class T>
+  CCGRAPH_HOST_DEVICE static bool apply(T x, T y) {
+    using C = compute_t<T>;
+    return Op::compute(static_cast<C>(x), static_cast<C>(y));
+  }
+};
+
+/// "to_f32", "to_bf16", ...: the name of the cast to element type d.
+constexpr std::string_view cast_op_name(dtype d) {
+  switch (d) {
+    case dtype::f32: return "to_f32";
+    case dtype::f64: return "to_f64";
+    case dtype::i32: return "to_i32";
+    case dtype::i64: return "to_i64";
+    case dtype::u8: return "to_u8";
+    case dtype::boolean: return "to_bool";
+    case dtype::bf16: return "to_bf16";
+    case dtype::f16: return "to_f16";
+  }
+  return "to";
+}
+
+/// a * b rounded on its own. nvcc contracts a product and a following sum into one fma
+/// (--fmad=true) once the ops of a fused kernel are inlined together; the _rn intrinsics are
+/// never contracted, so a fused chain keeps the roundings of the ops run one by one (and of the
+/// CPU, which contracts nothing unless built for FMA with -ffp-contract=fast).
+template <class C>
+CCGRAPH_HOST_DEVICE C mul_rounded(C a, C b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<C, float>)
+    return __fmul_rn(a, b);
+  else if constexpr (std::is_same_v<C, double>)
+    return __dmul_rn(a, b);
+  else
+    return static_cast<C>(a * b);
+#else
+  return static_cast<C>(a * b);
+#endif
+}
+
+/// where's type rule: (bool, T, T).
+template <class... Ts>
+struct where_types : std::false_type {};
+template <class C, class A, class B>
+struct where_types<C, A, B> : std::bool_constant<std::is_same_v<C, bool> && std::is_same_v<A, B>> {};
+
+/// dropout's type rule: (T, bool, compute_t<T>).
+template <class... Ts>
+struct dropout_types : std::false_type {};
+template <class X, class K, class S>
+struct dropout_types<X, K, S> : std::bool_constant<std::is_same_v<K, bool> && std::is_same_v<S, compute_t<X>>> {};
+
+/// Integer power as PyTorch computes it (powi): repeated squaring, wrapping like two's
+/// complement on overflow; a negative exponent gives 1 for base 1, +-1 for base -1, else 0.
+template <class C>
+CCGRAPH_HOST_DEVICE C int_pow(C a, C b) {
+  if constexpr (std::is_same_v<C, bool>) {
+    return b ? a : true;
+  } else {
+    if constexpr (std::is_signed_v<C>) {
+      if (b < 0) {
+        if (a == 1) return 1;
+        if (a == -1) return (b % 2) != 0 ? C(-1) : C(1);
+        return 0;
+      }
+    }
+    using U = std::make_unsigned_t<C>;
+    U result = 1, base = static_cast<U>(a);
+    for (U e = static_cast<U>(b); e != 0; e /= 2) {
+      if (e & 1u) result = static_cast<U>(result * base);
+      base = static_cast<U>(base * base);
+    }
+    return static_cast<C>(result);
+  }
+}
 
 }  // namespace ccgraph::detail
 
@@ -61,7 +166,7 @@ struct sub : ::ccgraph::detail::pointwise_tag<sub, 2> {
 /// a * b
 struct mul : ::ccgraph::detail::pointwise_tag<mul, 2> {
   static constexpr std::string_view name = "mul";
-  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C b) { return static_cast<C>(a * b); }
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C b) { return ::ccgraph::detail::mul_rounded(a, b); }
 };
 /// a / b. Integer division truncates toward zero (PyTorch's rounding_mode="trunc"); an integer
 /// division by zero is undefined, as in C++.
@@ -144,18 +249,209 @@ struct sqrt : ::ccgraph::detail::pointwise_tag<sqrt, 1, true> {
   template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) { return std::sqrt(a); }
 };
 
+/// 1 / sqrt(a) (two roundings in the compute type, as torch.rsqrt on the CPU).
+struct rsqrt : ::ccgraph::detail::pointwise_tag<rsqrt, 1, true> {
+  static constexpr std::string_view name = "rsqrt";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) { return C(1) / std::sqrt(a); }
+};
+/// The error function.
+struct erf : ::ccgraph::detail::pointwise_tag<erf, 1, true> {
+  static constexpr std::string_view name = "erf";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) { return std::erf(a); }
+};
+/// (a > 0) - (a < 0), as torch.sign computes it: -1, 0 or 1, and 0 for NaN and for -0.
+struct sign : ::ccgraph::detail::pointwise_tag<sign, 1> {
+  static constexpr std::string_view name = "sign";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) {
+    if constexpr (std::is_same_v<C, bool> || std::is_unsigned_v<C>)
+      return a > C(0) ? C(1) : C(0);
+    else
+      return a > C(0) ? C(1) : a < C(0) ? C(-1) : C(0);
+  }
+};
+/// Largest whole number <= a (integers: a).
+struct floor : ::ccgraph::detail::pointwise_tag<floor, 1> {
+  static constexpr std::string_view name = "floor";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) {
+    if constexpr (std::is_floating_point_v<C>) return std::floor(a);
+    else return a;
+  }
+};
+/// Smallest whole number >= a (integers: a).
+struct ceil : ::ccgraph::detail::pointwise_tag<ceil, 1> {
+  static constexpr std::string_view name = "ceil";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) {
+    if constexpr (std::is_floating_point_v<C>) return std::ceil(a);
+    else return a;
+  }
+};
+/// Nearest whole number, ties to even (torch.round; integers: a).
+struct round : ::ccgraph::detail::pointwise_tag<round, 1> {
+  static constexpr std::string_view name = "round";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) {
+    if constexpr (std::is_floating_point_v<C>) return std::nearbyint(a);
+    else return a;
+  }
+};
+/// a rounded toward zero (integers: a).
+struct trunc : ::ccgraph::detail::pointwise_tag<trunc, 1> {
+  static constexpr std::string_view name = "trunc";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) {
+    if constexpr (std::is_floating_point_v<C>) return std::trunc(a);
+    else return a;
+  }
+};
+/// The larger of a and b; NaN if either is NaN (torch.maximum).
+struct maximum : ::ccgraph::detail::pointwise_tag<maximum, 2> {
+  static constexpr std::string_view name = "maximum";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C b) {
+    if constexpr (std::is_floating_point_v<C>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return a < b ? b : a;
+  }
+};
+/// The smaller of a and b; NaN if either is NaN (torch.minimum).
+struct minimum : ::ccgraph::detail::pointwise_tag<minimum, 2> {
+  static constexpr std::string_view name = "minimum";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C b) {
+    if constexpr (std::is_floating_point_v<C>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return b < a ? b : a;
+  }
+};
+/// a to the power b: std::pow for floating types, but an exponent of 0.5 or -0.5 is sqrt(a) or
+/// 1 / sqrt(a), as torch.pow special-cases them (so pow(-0, 0.5) = -0, pow(-inf, 0.5) = NaN);
+/// for integers PyTorch's integer power (exact, wrapping; a negative exponent gives 0 but for
+/// bases 1 and -1).
+struct pow : ::ccgraph::detail::pointwise_tag<pow, 2> {
+  static constexpr std::string_view name = "pow";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C b) {
+    if constexpr (std::is_floating_point_v<C>) {
+      if (b == C(0.5)) return std::sqrt(a);
+      if (b == C(-0.5)) return C(1) / std::sqrt(a);
+      return std::pow(a, b);
+    } else {
+      return ::ccgraph::detail::int_pow(a, b);
+    }
+  }
+};
+/// min(max(a, lo), hi) (torch.clamp): NaN in any operand gives NaN; lo > hi gives hi.
+struct clamp : ::ccgraph::detail::pointwise_tag<clamp, 3> {
+  static constexpr std::string_view name = "clamp";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C a, C lo, C hi) {
+    return minimum::compute(maximum::compute(a, lo), hi);  // each keeps a NaN of its first operand
+  }
+};
+
+/// a == b (bool result).
+struct eq : ::ccgraph::detail::compare_tag<eq> {
+  static constexpr std::string_view name = "eq";
+  template <class C> CCGRAPH_HOST_DEVICE static bool compute(C a, C b) { return a == b; }
+};
+/// a != b (bool result; true when either is NaN).
+struct ne : ::ccgraph::detail::compare_tag<ne> {
+  static constexpr std::string_view name = "ne";
+  template <class C> CCGRAPH_HOST_DEVICE static bool compute(C a, C b) { return a != b; }
+};
+/// a < b (bool result).
+struct lt : ::ccgraph::detail::compare_tag<lt> {
+  static constexpr std::string_view name = "lt";
+  template <class C> CCGRAPH_HOST_DEVICE static bool compute(C a, C b) { return a < b; }
+};
+/// a <= b (bool result).
+struct le : ::ccgraph::detail::compare_tag<le> {
+  static constexpr std::string_view name = "le";
+  template <class C> CCGRAPH_HOST_DEVICE static bool compute(C a, C b) { return a <= b; }
+};
+/// a > b (bool result).
+struct gt : ::ccgraph::detail::compare_tag<gt> {
+  static constexpr std::string_view name = "gt";
+  template <class C> CCGRAPH_HOST_DEVICE static bool compute(C a, C b) { return a > b; }
+};
+/// a >= b (bool result).
+struct ge : ::ccgraph::detail::compare_tag<ge> {
+  static constexpr std::string_view name = "ge";
+  template <class C> CCGRAPH_HOST_DEVICE static bool compute(C a, C b) { return a >= b; }
+};
+
+/// cond ? a : b (torch.where): a bool condition and two operands of one element type.
+struct where {
+  static constexpr std::string_view name = "where";
+  static constexpr int arity = 3;
+  static constexpr bool floating_only = false;
+  template <class... Ts>
+  static constexpr bool accepts = ::ccgraph::detail::where_types<Ts...>::value;
+  template <class C, class A, class... B>
+  using result = A;
+  template <class T>
+  CCGRAPH_HOST_DEVICE static T apply(bool c, T a, T b) { return c ? a : b; }
+};
+
+/// The conversion of a to element type U, as tensor::to<U>() converts (halves through float,
+/// bool as "not zero"). Any element type converts.
+template <class U>
+struct to {
+  static constexpr std::string_view name = ::ccgraph::detail::cast_op_name(dtype_v<U>);
+  static constexpr int arity = 1;
+  static constexpr bool floating_only = false;
+  template <class... Ts>
+  static constexpr bool accepts = sizeof...(Ts) == 1;
+  template <class... Ts>
+  using result = U;
+  template <class T>
+  CCGRAPH_HOST_DEVICE static U apply(T a) { return ::ccgraph::detail::cast<U>(a); }
+};
+
+/// x * (keep ? scale : 0) in compute_t<T>, rounded once (dropout: the mask from the generator,
+/// scale = 1 / (1 - p); a dropped inf or NaN gives NaN, as PyTorch's x * mask does).
+struct dropout {
+  static constexpr std::string_view name = "dropout";
+  static constexpr int arity = 3;
+  static constexpr bool floating_only = true;
+  template <class... Ts>
+  static constexpr bool accepts = ::ccgraph::detail::dropout_types<Ts...>::value;
+  template <class X, class... Ts>
+  using result = X;
+  template <class T>
+  CCGRAPH_HOST_DEVICE static T apply(T x, bool keep, compute_t<T> scale) {
+    using C = compute_t<T>;
+    return ::ccgraph::detail::cast<T>(::ccgraph::detail::mul_rounded(static_cast<C>(x), keep ? scale : C(0)));
+  }
+};
+
 }  // namespace ccgraph::ops
 
 namespace ccgraph {
 
-/// True for pointwise op tags: a `name`, an `arity` of 1 or 2 and an `apply`.
+namespace detail {
+template <bool Accepted, class Op, class T, class... Ts>
+struct op_result {
+  using type = T;
+};
+template <class Op, class T, class... Ts>
+struct op_result<true, Op, T, Ts...> {
+  using type = typename Op::template result<T, Ts...>;
+};
+}  // namespace detail
+
+/// True for pointwise op tags: a `name`, an `arity` of 1 to 3, `floating_only`, and the type
+/// rule (`accepts`, `result`) with the `apply` it guards.
 template <class Op>
 inline constexpr bool is_pointwise_op_v =
     requires {
       { Op::name } -> std::convertible_to<std::string_view>;
       { Op::arity } -> std::convertible_to<int>;
       { Op::floating_only } -> std::convertible_to<bool>;
-    } && (Op::arity == 1 || Op::arity == 2);
+    } && (Op::arity >= 1 && Op::arity <= 3);
+
+/// The element type of Op's result on operands of element types Ts (the first operand's type
+/// when Op does not accept them: the caller's static_assert names the problem).
+template <class Op, class... Ts>
+using op_result_t = typename detail::op_result<Op::template accepts<Ts...>, Op, Ts...>::type;
 
 /// A pointwise op tag (see ccgraph::ops).
 template <class Op>

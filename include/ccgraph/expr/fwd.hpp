@@ -5,9 +5,17 @@
 
 #include <type_traits>
 
+namespace ccgraph::pointwise_operators {
+/// Empty base of tensors, expressions and symbolic values. The pointwise operators (+, <, ==,
+/// ...; ccgraph/ops/pointwise.hpp) live in this namespace, so argument-dependent lookup finds
+/// them for these types only: == and < on every other ccgraph type (dtype, device, ...) do not
+/// try a dozen more templates, which every translation unit would pay for in compile time.
+struct operand_tag {};
+}  // namespace ccgraph::pointwise_operators
+
 namespace ccgraph::detail {
 /// Base class of every lazy pointwise expression type (see ccgraph/expr/expr.hpp).
-struct expr_base {};
+struct expr_base : pointwise_operators::operand_tag {};
 
 /// Customisation point: the expression leaf a non-tensor operand type becomes (the tracer
 /// specialises it for its symbolic values).

@@ -63,6 +63,11 @@ struct hasher {
     add(static_cast<std::int64_t>(m.dtype));
     add(m.shape);
   }
+  void add(const ops::p2p_desc& d) {
+    add(d.is_send);
+    add(d.peer);
+    add(d.meta);
+  }
 };
 
 }  // namespace detail

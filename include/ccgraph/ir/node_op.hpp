@@ -20,7 +20,7 @@ using node_op = std::variant<
     // collectives (same order as ops::collective_op)
     ops::all_reduce, ops::all_gather_into_tensor, ops::reduce_scatter_tensor,
     ops::all_to_all_single, ops::broadcast, ops::all_reduce_coalesced,
-    ops::all_gather_into_tensor_coalesced, ops::reduce_scatter_tensor_coalesced,
+    ops::all_gather_into_tensor_coalesced, ops::reduce_scatter_tensor_coalesced, ops::batch_isend_irecv, ops::reduce,
     // compute
     ops::matmul, ops::pointwise, ops::cat, ops::repeat, ops::copy,
     // views

@@ -24,6 +24,7 @@ inline void print_attr_value(std::ostream& os, std::int64_t v) { os << v; }
 inline void print_attr_value(std::ostream& os, reduce_op v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::string& v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::vector<std::int64_t>& v) { os << list_str(v); }
+inline void print_attr_value(std::ostream& os, const std::vector<ops::p2p_desc>& v) { ops::detail::print_attr(os, v); }
 
 /// "%name" or "%name.i" for output i of a multi-output node.
 inline std::string ref_str(const value_ref& r) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <numeric>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -70,17 +72,76 @@ struct reduce_scatter_tensor_coalesced {
   static constexpr std::string_view name = "reduce_scatter_tensor_coalesced";
 };
 
+/// Reduce to one member (c10d's reduce): global rank `dst` gets the reduction of all members'
+/// tensors; every other member's output is its own input, unchanged.
+struct reduce {
+  BOOST_HANA_DEFINE_STRUCT(reduce, (reduce_op, op), (int, dst));
+  static constexpr std::string_view name = "reduce";
+};
+/// One point-to-point transfer of a batch, as the issuing rank sees it: send a tensor of
+/// `meta` to global rank `peer` (c10d's isend), or receive one of `meta` from it (irecv).
+struct p2p_desc {
+  bool is_send = true;
+  int peer = 0;
+  tensor_meta meta;
+  friend bool operator==(const p2p_desc&, const p2p_desc&) = default;
+};
+/// Point-to-point transfers launched together (c10d's batch_isend_irecv: one NCCL group, so
+/// their order within the batch cannot deadlock). Inputs: the sent tensors, in the order of the
+/// sends; outputs: one tensor per receive, in order. A single send or recv is a batch of one.
+struct batch_isend_irecv {
+  BOOST_HANA_DEFINE_STRUCT(batch_isend_irecv, (std::vector<p2p_desc>, ops));
+  static constexpr std::string_view name = "batch_isend_irecv";
+};
+
+/// One transfer of a batch as its pair of ranks runs it: a batch of that one transfer over the
+/// group of the two ranks (same tag), and its position in the original batch.
+struct p2p_transfer {
+  group_info pair;
+  batch_isend_irecv op;
+  std::size_t index = 0;
+};
+
+/// `b`'s transfers as issued by `rank` of group `g`, in the order every rank derives alike: by
+/// pair, then the lower rank's sends first, then batch order. Two ranks' batches holding the
+/// same transfers thus meet whatever order each listed them in (as one NCCL group does), and
+/// pairs come in one global order, which no set of batches can deadlock on. How the threads
+/// backend runs a batch and how verify_collective_order compares it.
+inline std::vector<p2p_transfer> p2p_transfers(const batch_isend_irecv& b, int rank, const group_info& g) {
+  std::vector<p2p_transfer> out;
+  for (std::size_t i = 0; i < b.ops.size(); ++i) {
+    const p2p_desc& d = b.ops[i];
+    CCGRAPH_CHECK(d.peer != rank, "batch_isend_irecv: rank ", rank, " ", d.is_send ? "sends to" : "receives from",
+                  " itself; the peer must be another rank");
+    const int lo = std::min(d.peer, rank), hi = std::max(d.peer, rank);
+    out.push_back({group_info{list_str(std::vector<int>{lo, hi}), {lo, hi}, {}, g.tag}, batch_isend_irecv{{d}}, i});
+  }
+  std::stable_sort(out.begin(), out.end(), [&](const p2p_transfer& x, const p2p_transfer& y) {
+    const auto& dx = x.op.ops[0];
+    const auto& dy = y.op.ops[0];
+    const int sx = dx.is_send ? rank : dx.peer, sy = dy.is_send ? rank : dy.peer;
+    return std::tie(x.pair.ranks, sx) < std::tie(y.pair.ranks, sy);
+  });
+  return out;
+}
+
 /// Any collective, with its attributes.
 using collective_op =
     std::variant<all_reduce, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single,
                  broadcast, all_reduce_coalesced, all_gather_into_tensor_coalesced,
-                 reduce_scatter_tensor_coalesced>;
+                 reduce_scatter_tensor_coalesced, batch_isend_irecv, reduce>;
 
 namespace detail {
 
 inline void print_attr(std::ostream& os, reduce_op v) { os << v; }
 inline void print_attr(std::ostream& os, int v) { os << v; }
 inline void print_attr(std::ostream& os, const std::vector<std::int64_t>& v) { os << list_str(v); }
+inline void print_attr(std::ostream& os, const std::vector<p2p_desc>& v) {
+  os << '[';
+  for (std::size_t i = 0; i < v.size(); ++i)
+    os << (i ? ", " : "") << (v[i].is_send ? "isend(" : "irecv(") << v[i].meta.str() << ", peer=" << v[i].peer << ')';
+  os << ']';
+}
 
 /// Reduce ops a dtype accepts, as c10d/NCCL define them.
 inline void check_reduce_dtype(std::string_view what, reduce_op op, dtype dt) {
@@ -407,6 +468,84 @@ struct op_traits<ops::all_to_all_single> : ops::detail::collective_traits_common
   static std::optional<reduce_op> reduce(const O&) { return std::nullopt; }
 };
 
+template <>
+struct op_traits<ops::reduce> : ops::detail::collective_traits_common {
+  using O = ops::reduce;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    const group_info& g = ops::detail::group_of(O::name, c);
+    ops::detail::check_one_input(O::name, in.size());
+    ops::detail::check_reduce_dtype(O::name, o.op, in[0].dtype);
+    CCGRAPH_CHECK(g.index_of(o.dst) >= 0, O::name, ": dst rank ", o.dst, " is not a member of group ",
+                  list_str(g.ranks));
+    return {in[0]};
+  }
+  /// The root reduces; every other member's output is its own input (as c10d's, where NCCL
+  /// writes the root's buffer only).
+  template <class M>
+  static void run_cpu(const O& o, const M& m) {
+    if (m.rank_of(m.me()) == o.dst) return m.reduce(0, o.op, 0);
+    m.copy(m.me(), 0);
+  }
+  /// A ring reduce moves what a broadcast does (nccl_collective prices it so).
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::collective(nccl_coll::reduce, ops::detail::bytes_of(a.in));
+  }
+  static constexpr bucket_family family = bucket_family::none;  // never bucketed
+  using single_op = O;
+  static std::optional<reduce_op> reduce(const O& o) { return o.op; }
+};
+
+template <>
+struct op_traits<ops::batch_isend_irecv> : ops::detail::collective_traits_common {
+  using O = ops::batch_isend_irecv;
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+  static constexpr bool in_place_input = false;
+  /// Inputs are the sends' tensors in order (each must match its declared meta); outputs one
+  /// per receive, of its declared meta.
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
+    constexpr std::string_view what = O::name;
+    const group_info& g = ops::detail::group_of(what, c);
+    CCGRAPH_CHECK(!o.ops.empty(), what, ": expects at least one isend or irecv");
+    std::vector<tensor_meta> out;
+    std::size_t sends = 0;
+    for (std::size_t i = 0; i < o.ops.size(); ++i) {
+      const ops::p2p_desc& d = o.ops[i];
+      CCGRAPH_CHECK(g.index_of(d.peer) >= 0, what, ": peer rank ", d.peer, " of ", d.is_send ? "isend" : "irecv",
+                    " at index ", i, " is not a member of group ", list_str(g.ranks));
+      (void)checked_numel(d.meta.shape, what);
+      if (!d.is_send) {
+        out.push_back(d.meta);
+        continue;
+      }
+      CCGRAPH_CHECK(sends < in.size() && in[sends] == d.meta, what, ": isend at index ", i, " is declared ",
+                    d.meta.str(), " but its tensor is ", sends < in.size() ? in[sends].str() : std::string("missing"));
+      ++sends;
+    }
+    CCGRAPH_CHECK(sends == in.size(), what, ": ", in.size(), " input tensors for ", sends, " isends");
+    return out;
+  }
+  /// A CPU backend runs a batch one transfer at a time, each over the group of its pair
+  /// (ops::p2p_transfers): the receiver copies the sender's input.
+  template <class M>
+  static void run_cpu(const O& o, const M& m) {
+    if (!o.ops.at(0).is_send) m.copy(1 - m.me(), 0);
+  }
+  /// NCCL's send/recv are the all_to_all's pairwise steps: a two-rank exchange of the larger
+  /// direction's bytes (the sends and receives run concurrently).
+  static op_cost cost(const O& o, const cost_args&) {
+    double sent = 0, received = 0;
+    for (const auto& d : o.ops) (d.is_send ? sent : received) += ops::detail::bytes_of({d.meta});
+    return op_cost::collective(nccl_coll::send_recv, 2 * std::max(sent, received));
+  }
+  static constexpr bucket_family family = bucket_family::none;  // never bucketed nor decomposed
+  using single_op = O;
+  static std::optional<reduce_op> reduce(const O&) { return std::nullopt; }
+};
+
 }  // namespace ccgraph
 
 namespace ccgraph::ops {
@@ -464,6 +603,13 @@ struct signature {
       op = all_to_all_single{};
       for (auto& m : inputs)
         if (!m.shape.empty()) m.shape[0] = -1;
+    } else if (auto* b = std::get_if<batch_isend_irecv>(&op); b && b->ops.size() == 1 && ranks.size() == 2) {
+      // One transfer of a pair (how a backend matches point-to-point): the sender's isend and
+      // the receiver's irecv agree once both are written as the sender's isend. The pair's
+      // other member is the issuing rank.
+      p2p_desc& d = b->ops[0];
+      if (!d.is_send) d = {true, d.peer == ranks[0] ? ranks[1] : ranks[0], d.meta};
+      inputs.clear();
     }
   }
   friend bool operator==(const signature& a, const signature& b) {
@@ -475,8 +621,14 @@ struct signature {
         },
         a.op);
   }
-  /// The call-shaped description, with "?" for the parts allowed to differ.
+  /// The call-shaped description, with "?" for the parts allowed to differ; a pair's transfer
+  /// as "transfer of f32[4] from rank 0 to rank 1".
   std::string str() const {
+    if (auto* b = std::get_if<batch_isend_irecv>(&op); b && b->ops.size() == 1 && ranks.size() == 2) {
+      const p2p_desc& d = b->ops[0];
+      return "transfer of " + d.meta.str() + " from rank " + std::to_string(d.peer == ranks[0] ? ranks[1] : ranks[0]) +
+             " to rank " + std::to_string(d.peer) + (tag.empty() ? "" : " (tag " + tag + ")");
+    }
     auto s = describe(op, inputs, group_info{"", ranks, {}, tag});
     for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
     return s;

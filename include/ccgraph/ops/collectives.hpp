@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -40,7 +41,8 @@ template <class T>
 std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, ops::collective_op op,
                                          group_info gi, const std::vector<tensor<T>>& inputs,
                                          const std::vector<tensor<T>>* into = nullptr,
-                                         overlap_hint overlap = overlap_hint::unknown) {
+                                         overlap_hint overlap = overlap_hint::unknown,
+                                         work_ptr* launched = nullptr) {
   // Before anything reaches a backend, which indexes its peers by the group's ranks: a graph
   // traced for another world or rank carries groups this rank cannot run.
   check_group_fits(what, gi, ctx.rank(), ctx.world_size());
@@ -82,6 +84,7 @@ std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, op
   for (auto& o : outs) req->outputs.push_back(to_buffer(o));
   req->op = std::move(op);
   work_ptr w = ctx.comm().launch(std::move(req));
+  if (launched) *launched = w;
   for (auto& o : outs) o = tensor<T>(o.storage(), o.shape(), o.strides(), o.storage_offset(), w);
   return outs;
 }
@@ -274,6 +277,214 @@ std::vector<V> reduce_scatter_tensor_coalesced(const std::vector<V>& ts, reduce_
     ins.push_back(dim == 0 ? ts[i] : detail::regroup(ts[i], n, dim, 0));
   }
   return detail::issue<V>(what, ops::reduce_scatter_tensor_coalesced{op, n}, g, ins);
+}
+
+// ---- point-to-point (c10d's isend/irecv, batch_isend_irecv, send, recv) ----
+
+/// One transfer of a batch (c10d's P2POp): send `tensor` to global rank `peer`, or receive a
+/// tensor shaped like `tensor` from it. Made by isend and irecv.
+template <class V>
+struct p2p_op {
+  bool is_send = true;
+  V tensor;
+  int peer = 0;
+};
+
+/// Describes sending `t` to global rank `dst`, for batch_isend_irecv.
+template <collective_input X>
+auto isend(const X& t, int dst) {
+  auto v = detail::as_value(t);
+  return p2p_op<decltype(v)>{true, std::move(v), dst};
+}
+
+/// Describes receiving from global rank `src` a tensor of `like`'s shape and dtype (its values
+/// are not read), for batch_isend_irecv.
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+p2p_op<V> irecv(const V& like, int src) {
+  return p2p_op<V>{false, like, src};
+}
+
+/// Launches the transfers of `ops` over group `g` together (one NCCL group), so their order
+/// within the batch cannot deadlock; every peer must be another member of `g`. Returns one
+/// pending tensor per irecv, in order; they complete with the whole batch (its sends too). A
+/// batch without an irecv is waited before returning. Every send must meet a receive of the
+/// same shape and dtype on its peer (the k-th send from a to b meets the k-th receive on b from
+/// a); a mismatch or a missing peer is an error on both ranks, never a hang.
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> batch_isend_irecv(const std::vector<p2p_op<V>>& ops, const group& g) {
+  const char* what = "batch_isend_irecv";
+  using B = detail::collective_backend<V>;
+  const group_info gi = B::resolve(g, what);
+  const int me = B::rank(what);
+  ops::batch_isend_irecv op;
+  std::vector<V> inputs;
+  bool any_recv = false;
+  for (const auto& o : ops) {
+    CCGRAPH_CHECK(o.peer != me, what, ": Invalid ", o.is_send ? "destination" : "source", " rank: ",
+                  o.is_send ? "destination" : "source", " rank ", o.peer,
+                  " should not be the same as the rank of the current process");
+    op.ops.push_back({o.is_send, o.peer, {dtype_v<typename V::value_type>, o.tensor.shape()}});
+    if (o.is_send) inputs.push_back(o.tensor);
+    any_recv = any_recv || !o.is_send;
+  }
+  if constexpr (is_tensor_v<V>) {
+    detail::work_ptr w;
+    auto outs = detail::launch_collective<typename V::value_type>(detail::current_rank(what), what, std::move(op), gi,
+                                                                   inputs, nullptr, detail::overlap_hint::unknown, &w);
+    if (!any_recv) w->wait();
+    return outs;
+  } else {
+    return B::issue(what, std::move(op), gi, inputs);
+  }
+}
+
+/// batch_isend_irecv of a braced list: `batch_isend_irecv({isend(x, 1), irecv(y, 1)}, g)`.
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> batch_isend_irecv(std::initializer_list<p2p_op<V>> ops, const group& g) {
+  return batch_isend_irecv(std::vector<p2p_op<V>>(ops), g);
+}
+
+/// Sends `t` to global rank `dst` of group `g` and returns once it is sent (c10d's send).
+template <collective_input X>
+void send(const X& t, int dst, const group& g) {
+  auto v = detail::as_value(t);
+  (void)batch_isend_irecv(std::vector<p2p_op<decltype(v)>>{{true, v, dst}}, g);
+}
+
+/// Receives from global rank `src` of group `g` a tensor of `like`'s shape and dtype (c10d's
+/// recv, functional: `like` is not written); returns it received.
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+V recv(const V& like, int src, const group& g) {
+  V r = std::move(batch_isend_irecv(std::vector<p2p_op<V>>{{false, like, src}}, g).front());
+  if constexpr (is_tensor_v<V>) r.wait();
+  return r;
+}
+
+// ---- the rest of c10d: reduce, gather, scatter, barrier, list forms ----
+
+/// Reduces `t` across the group to global rank `dst` (c10d's reduce): `dst` gets the
+/// reduction; every other member gets its own `t` back. Pending until first used.
+template <collective_input X>
+auto reduce(const X& t, int dst, reduce_op_arg op, const group& g) {
+  return detail::issue_one("reduce", ops::reduce{op, dst}, g, detail::as_value(t));
+}
+
+namespace detail {
+/// batch_isend_irecv, or nothing for an empty batch (a group of one).
+template <class V>
+std::vector<V> batch_or_nothing(const std::vector<p2p_op<V>>& ops, const group& g) {
+  if (ops.empty()) return {};
+  return batch_isend_irecv(ops, g);
+}
+}  // namespace detail
+
+/// Gathers every member's `t` to global rank `dst` (c10d's gather, on NCCL its grouped
+/// send/recv): on `dst` one tensor per member in group order (its own entry is its `t`), on
+/// every other member an empty list once its `t` is sent. Every member's `t` must have the
+/// same shape and dtype (else both ends of the transfer fail).
+template <collective_input X>
+auto gather(const X& x, int dst, const group& g) {
+  auto t = detail::as_value(x);
+  using V = decltype(t);
+  using B = detail::collective_backend<V>;
+  const group_info gi = B::resolve(g, "gather");
+  const int me = B::rank("gather");
+  CCGRAPH_CHECK(gi.index_of(dst) >= 0, "gather: dst rank ", dst, " is not a member of group ", list_str(gi.ranks));
+  std::vector<p2p_op<V>> ops;
+  if (me != dst) {
+    ops.push_back(isend(t, dst));
+    (void)detail::batch_or_nothing(ops, g);
+    return std::vector<V>{};
+  }
+  for (int r : gi.ranks)
+    if (r != me) ops.push_back(irecv(t, r));
+  auto got = detail::batch_or_nothing(ops, g);
+  std::vector<V> out;
+  std::size_t k = 0;
+  for (int r : gi.ranks) out.push_back(r == me ? t : std::move(got[k++]));
+  return out;
+}
+
+/// Scatters global rank `src`'s `t` along dim 0 (c10d's scatter): member i gets chunk i of
+/// `src`'s tensor. Every member passes a tensor of the same shape and dtype (elsewhere than on
+/// `src` only its shape and dtype are read), whose dim 0 is a multiple of the group size.
+template <collective_input X>
+auto scatter(const X& x, int src, const group& g) {
+  auto t = detail::as_value(x);
+  using V = decltype(t);
+  using B = detail::collective_backend<V>;
+  const group_info gi = B::resolve(g, "scatter");
+  const int me = B::rank("scatter"), n = gi.size();
+  CCGRAPH_CHECK(gi.index_of(src) >= 0, "scatter: src rank ", src, " is not a member of group ", list_str(gi.ranks));
+  CCGRAPH_CHECK(!t.shape().empty() && t.shape()[0] % n == 0, "scatter: dim 0 (size ",
+                t.shape().empty() ? 0 : t.shape()[0], ") must be a multiple of group_size ", n);
+  const std::vector<V> chunks = t.chunk(n, 0);
+  const auto mine = static_cast<std::size_t>(gi.index_of(me));
+  std::vector<p2p_op<V>> ops;
+  if (me == src) {
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      if (i != mine) ops.push_back(isend(chunks[i], gi.ranks[i]));
+    (void)detail::batch_or_nothing(ops, g);
+    return chunks[mine];
+  }
+  ops.push_back(irecv(chunks[mine], src));
+  return std::move(detail::batch_or_nothing(ops, g).front());
+}
+
+/// Gathers every member's `t` into a list, one tensor per member in group order (c10d's
+/// all_gather into a tensor list): all_gather_into_tensor, then its chunks.
+template <collective_input X>
+auto all_gather(const X& x, const group& g) {
+  auto t = detail::as_value(x);
+  using V = decltype(t);
+  const int n = detail::group_size_of<V>(g, "all_gather");
+  CCGRAPH_CHECK(!t.shape().empty(), "all_gather: the input must have at least one dimension, got a 0-d tensor");
+  return all_gather_tensor(t, 0, g).chunk(n, 0);
+}
+
+/// c10d's all_to_all of tensor lists: sends `inputs[j]` to member j and receives from member j a
+/// tensor shaped like `outputs_like[j]` (both lists one entry per member, in group order; on
+/// NCCL grouped send/recv). Returns the received tensors; this member's own entry is its
+/// `inputs[j]`, which must then have `outputs_like[j]`'s shape.
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> all_to_all(const std::vector<V>& outputs_like, const std::vector<V>& inputs, const group& g) {
+  using B = detail::collective_backend<V>;
+  const group_info gi = B::resolve(g, "all_to_all");
+  const int me = B::rank("all_to_all"), n = gi.size();
+  CCGRAPH_CHECK(static_cast<int>(inputs.size()) == n, "all_to_all: input_tensor_list has ", inputs.size(),
+                " tensors for group_size ", n);
+  CCGRAPH_CHECK(static_cast<int>(outputs_like.size()) == n, "all_to_all: output_tensor_list has ",
+                outputs_like.size(), " tensors for group_size ", n);
+  const auto mine = static_cast<std::size_t>(gi.index_of(me));
+  CCGRAPH_CHECK(inputs[mine].shape() == outputs_like[mine].shape(), "all_to_all: rank ", me, " sends itself ",
+                shape_str(inputs[mine].shape()), " but expects ", shape_str(outputs_like[mine].shape()));
+  std::vector<p2p_op<V>> ops;
+  for (std::size_t j = 0; j < inputs.size(); ++j)
+    if (j != mine) {
+      ops.push_back(isend(inputs[j], gi.ranks[j]));
+      ops.push_back(irecv(outputs_like[j], gi.ranks[j]));
+    }
+  auto got = detail::batch_or_nothing(ops, g);
+  std::vector<V> out;
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < inputs.size(); ++j) out.push_back(j == mine ? inputs[j] : std::move(got[k++]));
+  return out;
+}
+
+/// Blocks until every member of `g` has called it (c10d's barrier, which on NCCL is an
+/// all_reduce of one element): an all_reduce of one byte on the calling rank's device, waited.
+inline void barrier(const group& g) {
+  rank_context& ctx = detail::current_rank("barrier");
+  const auto one = tensor<std::uint8_t>::from({1}, {1}).to(ctx.device());
+  (void)detail::launch_collective<std::uint8_t>(ctx, "barrier", ops::all_reduce{reduce_op::sum},
+                                                ctx.resolve(g, "barrier"), {one})
+      .front()
+      .wait();
 }
 
 /// Waits until `t` is computed and returns it; a no-op on a tensor that is not pending.

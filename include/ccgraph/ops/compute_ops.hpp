@@ -28,6 +28,18 @@ namespace detail {
 /// expression's type, so it is the same one-loop code eager evaluation runs.
 struct pointwise_kernel {
   virtual ~pointwise_kernel() = default;
+  /// The element type of the result, given the first input's (a comparison's is bool).
+  virtual dtype result_dtype(dtype first_input) const { return first_input; }
+  /// Checks the inputs' element types for node `what` (an expression may mix them: where reads
+  /// a bool condition); by default they must all be one.
+  virtual void check_inputs(const std::vector<tensor_meta>& in, std::string_view what) const {
+    for (auto& m : in)
+      CCGRAPH_CHECK(m.dtype == in.front().dtype, what, ": mixing dtypes: ", in.front().str(), " and ", m.str());
+  }
+  /// True when each run draws new random numbers (dropout): results differ from run to run, so
+  /// a run cannot be recorded once and replayed (CUDA Graphs) or split into pieces that draw
+  /// apart (decompose).
+  virtual bool draws_random() const { return false; }
   /// Evaluates into a new tensor.
   virtual any_tensor run(const std::vector<any_tensor>& inputs) const = 0;
   /// Evaluates into `out` (the node's dtype and shape; an executor's planned buffer, which
@@ -315,10 +327,15 @@ struct op_traits<ops::pointwise> {
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     CCGRAPH_CHECK(!in.empty(), "pointwise: needs at least one tensor input");
-    ops::detail::expect_same_dtype("pointwise", in);
+    // The recorded expression knows its element types (it may mix them: comparisons, where);
+    // without one, every input and the result share one.
+    if (o.kernel)
+      o.kernel->check_inputs(in, o.fused);
+    else
+      ops::detail::expect_same_dtype("pointwise", in);
     shape_t s = in[0].shape;
     for (auto& m : in) s = broadcast_shapes(s, m.shape, o.fused.c_str());
-    return {{in[0].dtype, s}};
+    return {{o.kernel ? o.kernel->result_dtype(in[0].dtype) : in[0].dtype, s}};
   }
   /// The recorded expression (the same one-loop code eager evaluation runs).
   static std::vector<any_tensor> run(const O& o, const run_args& a) {
@@ -357,7 +374,7 @@ struct op_traits<ops::cat> {
       for (const auto& t : a.in) xs.push_back(get_tensor<T>(t, "cat"));
       if (a.outs.empty()) return ccgraph::cat(xs, o.dim);
       auto r = ops::detail::out_or_new<T>(O::name, a);
-      detail::cat_into(r, xs, o.dim);
+      detail::cat_kernel(xs, o.dim, r);
       return r;
     })};
   }

@@ -229,7 +229,9 @@ void cross_entropy_backward_cpu(const tensor<T>& grad, const tensor<T>& input, c
     const A ls = static_cast<A>(label_smoothing);
     A wsum = 0;
     for (std::int64_t c = 0; c < c_n; ++c) wsum += wp ? val(wp[c]) : A(1);
-    A scale = val(gc.data()[0]);  // sum and mean: one incoming gradient
+    // sum and mean: one incoming gradient; none: one per position, and an empty batch has none
+    // (its grad's data may be null: never read it).
+    A scale = reduction == loss_reduction::none ? A(0) : val(gc.data()[0]);
     if (reduction == loss_reduction::mean) {
       A denom = 0;
       for (std::int64_t i = 0; i < positions; ++i)

@@ -198,8 +198,9 @@ inline std::int64_t matmul_flops(const shape_t& a, const shape_t& b) {
   return 2 * numel_of(out) * a.back();
 }
 
-/// matmul on a device: one library GEMM per batch entry, reading each operand in place when
-/// one of its last two strides is 1 (row-major or transposed), else from a contiguous copy.
+/// matmul on a device: the batch as one strided-batched library GEMM where its strides allow
+/// (else one per entry of the dims outside that run), reading each operand in place when one
+/// of its last two strides is 1 (row-major or transposed), else from a contiguous copy.
 /// `o`, `a`, `b` are the [batch..., rows, cols] forms matmul_into builds.
 template <element T>
 void matmul_into_device(const tensor<T>& o, tensor<T> a, tensor<T> b, const shape_t& batch,
@@ -252,8 +253,45 @@ void matmul_into_device(const tensor<T>& o, tensor<T> a, tensor<T> b, const shap
   const T* pa = a.data();
   const T* pb = b.data();
   T* po = o.data();
-  for_each_offset<3>(batch, {&sa, &sb, &so}, [&](const auto& off) {
-    rt.gemm(dev, dtype_v<T>, m, n, k, pa + off[0], lda, ta, pb + off[1], ldb, tb, po + off[2], ldo);
+  // Batch dims of size 1 step nothing. Of the rest, the innermost run that steps all three
+  // operands evenly (each dim's stride = the run's stride x the run's count so far) becomes one
+  // strided-batched call; the dims outside it loop here.
+  shape_t dims;
+  strides_t da, db, dout;
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (batch[i] != 1) {
+      dims.push_back(batch[i]);
+      da.push_back(sa[i]);
+      db.push_back(sb[i]);
+      dout.push_back(so[i]);
+    }
+  std::int64_t count = 1, stride_a = 0, stride_b = 0, stride_o = 0;
+  std::size_t run = dims.size();  // dims [run, end) fold into the batched call
+  if (!dims.empty() && rt.gemm_batched != nullptr) {
+    run = dims.size() - 1;
+    count = dims[run];
+    stride_a = da[run], stride_b = db[run], stride_o = dout[run];
+    while (run > 0 && da[run - 1] == stride_a * count && db[run - 1] == stride_b * count &&
+           dout[run - 1] == stride_o * count) {
+      --run;
+      count *= dims[run];
+    }
+  }
+  const shape_t outer(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(run));
+  const strides_t oa(da.begin(), da.begin() + static_cast<std::ptrdiff_t>(run)),
+      ob(db.begin(), db.begin() + static_cast<std::ptrdiff_t>(run)),
+      oo(dout.begin(), dout.begin() + static_cast<std::ptrdiff_t>(run));
+  // A batch that shares one B (broadcast, stride 0) and stacks A's and C's rows evenly is one
+  // GEMM of count * m rows (torch.matmul folds [batch, m, k] x [k, n] the same way).
+  const bool fold_rows = count > 1 && stride_b == 0 && !ta && stride_a == m * lda && stride_o == m * ldo;
+  for_each_offset<3>(outer, {&oa, &ob, &oo}, [&](const auto& off) {
+    if (count == 1 || fold_rows) {
+      rt.gemm(dev, dtype_v<T>, fold_rows ? count * m : m, n, k, pa + off[0], lda, ta, pb + off[1], ldb, tb,
+              po + off[2], ldo);
+    } else {
+      rt.gemm_batched(dev, dtype_v<T>, m, n, k, pa + off[0], lda, ta, pb + off[1], ldb, tb, po + off[2], ldo,
+                      count, stride_a, stride_b, stride_o);
+    }
   });
 }
 

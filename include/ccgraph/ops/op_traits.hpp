@@ -50,9 +50,10 @@ enum class alias_kind : std::uint8_t {
   external,      // the caller's memory (graph inputs): never planned, never written
 };
 
-/// The collectives the cost model prices (NCCL's ncclFunc* that funcol uses, plus all-to-all,
-/// which NCCL runs as grouped send/recv).
-enum class nccl_coll : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, all_to_all };
+/// The collectives the cost model prices (NCCL's ncclFunc* that funcol and c10d use, plus
+/// all-to-all, which NCCL runs as grouped send/recv, and send_recv: a batch of point-to-point
+/// transfers, priced as a two-rank exchange of its bytes).
+enum class nccl_coll : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, reduce, send_recv };
 
 /// Which peak rate prices an op's FLOPs.
 enum class peak_class : std::uint8_t {

@@ -166,11 +166,11 @@ struct cpu_member {
       out += b;
     }
   }
-  /// Output k = member `member`'s input k.
+  /// Output k = member `member`'s input k (which may be this member's own, in place).
   void copy(int member, std::size_t k) const {
     const auto& src = all[static_cast<std::size_t>(member)]->inputs[k];
     const auto b = bytes_of(src);
-    if (b) std::memcpy(mine.outputs[k].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
+    if (b) std::memmove(mine.outputs[k].template data<T>(), src.template data<T>(), static_cast<std::size_t>(b));
   }
   /// Rows [src_row, src_row + rows) of dim 0 of member `member`'s input k into rows
   /// [dst_row, dst_row + rows) of output k.
@@ -189,7 +189,8 @@ struct cpu_member {
 /// every request in hand (all_to_all split sizes that do not pair up).
 inline void run_cpu_collective(const collective_request& mine,
                                const std::vector<const collective_request*>& all, int me) {
-  visit_dtype(mine.inputs.at(0).meta.dtype, [&](auto tag) {
+  // A receive has no input: its output's dtype is the transfer's.
+  visit_dtype((mine.inputs.empty() ? mine.outputs.at(0) : mine.inputs[0]).meta.dtype, [&](auto tag) {
     const cpu_member<decltype(tag)> m{mine, all, me};
     std::visit(
         [&](const auto& o) {

@@ -166,6 +166,14 @@ class executor {
     if (opt.pending_outputs) detail::return_pending(g_);
     lint(g_);
     const auto& nodes = g_.nodes();
+    if (opt.cuda_graph) {
+      // A recorded CUDA Graph replays its kernels' arguments: a dropout would repeat its mask.
+      for (const node* n : nodes)
+        if (const auto* pw = std::get_if<ops::pointwise>(&n->kind()); pw && pw->kernel && pw->kernel->draws_random())
+          CCGRAPH_THROW(error, "compile: node %", n->name(), " (", pw->fused,
+                        ") draws random numbers, which a CUDA Graph replay would repeat on every call; "
+                        "compile this graph without cuda_graph");
+    }
     // A graph traced for another world or rank (world_size = 8 run on 2 ranks, one MPMD part
     // run by a rank of another part) fails here, before any rank issues a collective.
     for (const auto& n : nodes)
@@ -403,7 +411,7 @@ class executor {
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
           }
       env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
-      if (plan_ && n->is_collective())
+      if (plan_ && n->is_collective() && !env[i].empty())  // a batch of sends only was waited
         std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
       for (auto& a : n->args()) {
         const std::size_t p = g_.position(a.src);
@@ -475,13 +483,19 @@ class executor {
       } else if constexpr (traits::category == op_category::output) {
         CCGRAPH_THROW(error, "executor: the output node is not run");
       } else if constexpr (traits::category == op_category::collective) {
-        return visit_dtype(n.dtype(), [&](auto tag) {
+        // A batch of sends only has no output: its dtype is its inputs'.
+        const dtype dt = n.num_outputs() > 0 ? n.dtype() : n.args().at(0).src->dtype(n.args()[0].index);
+        return visit_dtype(dt, [&](auto tag) {
           using T = decltype(tag);
           std::vector<tensor<T>> xs, into;
           for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
           for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
+          detail::work_ptr w;
           auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
-                                                  outs.empty() ? nullptr : &into, overlap);
+                                                  outs.empty() ? nullptr : &into, overlap, &w);
+          // No output carries its completion (a batch of sends only): waited here, as
+          // batch_isend_irecv does eagerly.
+          if (res.empty()) w->wait();
           return std::vector<any_tensor>(res.begin(), res.end());
         });
       } else if constexpr (traits::aliasing == alias_kind::view || traits::aliasing == alias_kind::view_or_copy) {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -43,12 +44,39 @@ namespace detail {
 /// What a group's collectives are numbered by: its members and its tag. Two calls belong to one
 /// sequence exactly when their keys are equal: a tagged group over the same ranks is another
 /// group, with its own sequence (as c10d's group tags give it its own communicator).
+/// Point-to-point transfers are numbered per pair of ranks (`p2p`), apart from the group's
+/// collectives: the k-th send from a to b meets the k-th receive on b from a.
 struct threads_group_key {
   std::vector<int> ranks;
   std::string tag;
+  bool p2p = false;
   friend auto operator<=>(const threads_group_key&, const threads_group_key&) = default;
-  static threads_group_key of(const group_info& g) { return {g.ranks, g.tag}; }
+  static threads_group_key of(const collective_request& r) {
+    return {r.group.ranks, r.group.tag, std::holds_alternative<ops::batch_isend_irecv>(r.op)};
+  }
 };
+
+/// A batch of point-to-point transfers split into one request per transfer, each over its pair
+/// of ranks, in ops::p2p_transfers's order (the same on every rank).
+inline std::vector<std::shared_ptr<collective_request>> split_p2p(const collective_request& req) {
+  const auto& b = std::get<ops::batch_isend_irecv>(req.op);
+  std::vector<std::size_t> slot(b.ops.size());  // per transfer: its input (send) or output (recv)
+  std::size_t sends = 0, recvs = 0;
+  for (std::size_t i = 0; i < b.ops.size(); ++i) slot[i] = b.ops[i].is_send ? sends++ : recvs++;
+  std::vector<std::shared_ptr<collective_request>> out;
+  for (auto& t : ops::p2p_transfers(b, req.rank, req.group)) {
+    auto r = std::make_shared<collective_request>();
+    const bool is_send = t.op.ops[0].is_send;
+    r->op = std::move(t.op);
+    r->group = std::move(t.pair);
+    r->rank = req.rank;
+    r->overlap = req.overlap;
+    if (is_send) r->inputs.push_back(req.inputs.at(slot[t.index]));
+    else r->outputs.push_back(req.outputs.at(slot[t.index]));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 /// One collective of one group (its position `seq` in the group's sequence), from the first
 /// member's issue to the last member's completion: where the members' calls are compared and
@@ -108,7 +136,7 @@ class threads_world {
   threads_task issue(std::shared_ptr<collective_request> req) {
     // The backend indexes members by the group: never let a group of another world in.
     check_group_fits(ops::name_of(req->op), req->group, req->rank, n_);
-    threads_group_key key = threads_group_key::of(req->group);
+    threads_group_key key = threads_group_key::of(*req);
     const int me = req->group.index_of(req->rank);
     std::lock_guard lk(mu_);
     if (aborted_) std::rethrow_exception(error_for(req->rank));
@@ -371,11 +399,19 @@ class threads_comm final : public communicator {
 
   work_ptr launch(std::shared_ptr<collective_request> req) override {
     req->rank = rank_;
-    threads_task t = world_.issue(std::move(req));
-    work_ptr w = t.done;
+    queued q;
+    if (std::holds_alternative<ops::batch_isend_irecv>(req->op)) {
+      // Issued now, on the rank's thread, as any collective: a mismatch throws here.
+      for (auto& part : split_p2p(*req)) q.parts.push_back(world_.issue(std::move(part)));
+      q.done = std::make_shared<work>();
+    } else {
+      q.parts.push_back(world_.issue(std::move(req)));
+      q.done = q.parts.front().done;
+    }
+    work_ptr w = q.done;
     {
       std::lock_guard lk(mu_);
-      queue_.push_back(std::move(t));
+      queue_.push_back(std::move(q));
     }
     cv_.notify_one();
     return w;
@@ -392,17 +428,33 @@ class threads_comm final : public communicator {
   }
 
  private:
+  /// One launch: a collective (one part, whose work is the launch's), or a batch of
+  /// point-to-point transfers, run in their order and complete when all are.
+  struct queued {
+    std::vector<threads_task> parts;
+    work_ptr done;
+  };
+
   void loop() {
     while (true) {
-      threads_task t;
+      queued q;
       {
         std::unique_lock lk(mu_);
         cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;
-        t = std::move(queue_.front());
+        q = std::move(queue_.front());
         queue_.pop_front();
       }
-      world_.run(t);
+      for (auto& t : q.parts) world_.run(t);
+      if (q.parts.size() == 1 && q.done == q.parts.front().done) continue;
+      // Both members of every transfer have arrived, so waiting here only waits for the peer
+      // to finish its copy: it cannot block on another collective.
+      try {
+        for (auto& t : q.parts) t.done->wait();
+        q.done->complete();
+      } catch (...) {
+        q.done->fail(std::current_exception());
+      }
     }
   }
 
@@ -410,7 +462,7 @@ class threads_comm final : public communicator {
   int rank_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<threads_task> queue_;
+  std::deque<queued> queue_;
   bool stop_ = false;
   std::thread worker_;
 };

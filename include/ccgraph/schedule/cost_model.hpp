@@ -611,6 +611,13 @@ struct cost_model {
   /// output; reduce_scatter: the input; all_to_all: one rank's send buffer). Tree only for
   /// all_reduce, as NCCL. For the threads backend, the direct model (algo ring, proto simple).
   nccl_estimate nccl_collective(nccl_coll coll, double bytes, int nranks) const {
+    // A ring reduce moves what a broadcast does; send/recv between two ranks is one pairwise
+    // step of the all_to_all (its bytes: both directions of the exchange), whatever the group.
+    if (coll == nccl_coll::reduce) coll = nccl_coll::broadcast;
+    if (coll == nccl_coll::send_recv) {
+      coll = nccl_coll::all_to_all;
+      nranks = 2;
+    }
     nccl_estimate best;
     if (nranks <= 1) {
       best.us = device.launch_us;
@@ -751,6 +758,8 @@ struct cost_model {
       case nccl_coll::all_gather:
       case nccl_coll::broadcast:
       case nccl_coll::all_to_all: per_rank = 3 * bytes; break;
+      case nccl_coll::reduce:
+      case nccl_coll::send_recv: break;  // priced as broadcast / all_to_all (nccl_collective)
     }
     const double traffic_s = device.memory_bw > 0 ? n * per_rank / device.memory_bw : 0;
     return device.launch_us + (n - 1) * device.rendezvous_us + 1e6 * traffic_s;

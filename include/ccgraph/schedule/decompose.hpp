@@ -67,7 +67,9 @@ inline std::optional<std::vector<bool>> row_args(const node& v) {
       if (a.src->shape(a.index).size() != 2) return std::nullopt;
     return std::vector<bool>{true, false};
   }
-  if (std::holds_alternative<ops::pointwise>(v.kind())) {
+  if (const auto* pw = std::get_if<ops::pointwise>(&v.kind())) {
+    // A node that draws random numbers (dropout) stays whole: chunks would draw apart.
+    if (pw->kernel && pw->kernel->draws_random()) return std::nullopt;
     std::vector<bool> r;
     for (auto& a : v.args()) {
       const shape_t& s = a.src->shape(a.index);

@@ -32,11 +32,19 @@ struct collective_entry {
   std::int64_t index = 0;
 };
 
-/// The collectives of `g` in program order.
-inline std::vector<collective_entry> collective_entries(const graph& g) {
+/// The collectives of `g`, run by `rank`, in program order; a batch of point-to-point
+/// transfers as its transfers, each over its pair (ops::p2p_transfers), as the backends match them.
+inline std::vector<collective_entry> collective_entries(const graph& g, int rank) {
   std::vector<collective_entry> out;
   for (const node* n : g.nodes()) {
     if (!n->is_collective()) continue;
+    if (auto* b = std::get_if<ops::batch_isend_irecv>(&n->kind())) {
+      for (const auto& t : ops::p2p_transfers(*b, rank, *n->group())) {
+        const ops::signature sig(t.op, {}, t.pair);
+        out.push_back({sig.ranks, sig.str(), static_cast<std::int64_t>(out.size())});
+      }
+      continue;
+    }
     std::vector<tensor_meta> in;
     for (auto& a : n->args()) in.push_back(a.src->meta(a.index));
     const ops::signature sig(*n->collective(), in, *n->group());
@@ -109,7 +117,7 @@ inline std::vector<const collective_entry*> with_peer(const std::vector<collecti
 inline void verify_collective_order(const graph& g, rank_context& ctx) {
   detail::rank_scope scope(ctx);
   const int world = ctx.world_size();
-  const std::vector<std::uint8_t> mine = detail::serialize_entries(detail::collective_entries(g));
+  const std::vector<std::uint8_t> mine = detail::serialize_entries(detail::collective_entries(g, ctx.rank()));
 
   // On the rank's device, so that it runs on the nccl backend as on threads.
   const auto len = tensor<std::int64_t>::from({static_cast<std::int64_t>(mine.size())}, {1}).to(ctx.device());

@@ -68,6 +68,13 @@ struct device_runtime {
   void (*replay)(device dev, void* graph);
   /// Frees a recorded graph.
   void (*destroy_graph)(void* graph);
+  /// `gemm` over `batch` matrices, the pointers advanced by stride_a / stride_b / stride_c
+  /// elements per batch (0: the same matrix for every batch); one library call (cuBLASLt's
+  /// strided batches). Null when the backend has none (matmul then calls `gemm` per batch).
+  void (*gemm_batched)(device dev, dtype dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+                       std::int64_t lda, bool ta, const void* b, std::int64_t ldb, bool tb, void* c,
+                       std::int64_t ldc, std::int64_t batch, std::int64_t stride_a, std::int64_t stride_b,
+                       std::int64_t stride_c);
 };
 
 /// The installed device runtime, or null (host-only program).

@@ -32,7 +32,7 @@ namespace ccgraph {
 /// transpose, ...) keep it pending; any use that reads the values (data(), to_vector(), compute,
 /// printing) first waits, as PyTorch's AsyncCollectiveTensor does.
 template <element T>
-class tensor {
+class tensor : public pointwise_operators::operand_tag {  // finds the pointwise operators
  public:
   using value_type = T;
 

@@ -21,7 +21,7 @@ namespace ccgraph {
 /// result of a collective is its wait_tensor node's output (the wait follows the collective),
 /// returned results included.
 template <class T>
-class symbolic {
+class symbolic : public pointwise_operators::operand_tag {  // finds the pointwise operators
   static_assert(is_element_v<T>, "symbolic<T>: T must be a tensor element type");
 
  public:
@@ -86,6 +86,9 @@ class symbolic {
   symbolic contiguous() const { return view_op<ops::contiguous>("contiguous"); }
   /// repeat.
   symbolic repeat(const std::vector<std::int64_t>& times) const { return view_op<ops::repeat>("repeat", times); }
+  /// This value converted to element type U: a pointwise node (tensor::to<U>()'s conversion).
+  template <class U>
+  symbolic<U> to() const;  // defined in trace/ops.hpp
 
  private:
   /// Records op Op{args...} on this value. The op is built as a named variable: nvcc's front

@@ -1,0 +1,292 @@
+// ccgraph/ops/index_ops.hpp: ops that move rows and elements by an index tensor: embedding (and
+// its backward), index_select, gather and scatter_add, with PyTorch's semantics and errors.
+//
+// Host code: each op's shape function (`detail::<op>_shape`, the errors a user sees) and its CPU
+// kernel (`detail::<op>_cpu`, any input strides, a pre-allocated contiguous output of the
+// inferred shape). The CUDA kernels, same signatures with `_cuda`, are in
+// <ccgraph/cuda/index.cuh>.
+//
+// Accumulation (scatter_add, embedding_backward): in float for bf16/f16, rounded once at the
+// end; in T otherwise. The CPU kernels add in a fixed order (the index tensor's row-major
+// order), so they are deterministic; embedding_backward's CUDA kernel adds in the same order and
+// gives the same bits (see cuda/index.cuh).
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/ops/kernel_checks.hpp>
+#include <ccgraph/tensor/strided.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+
+namespace ccgraph::detail {
+
+/// The element types of index tensors: int64 (PyTorch's Long) and int32 (Int).
+template <class I>
+concept index_element = std::same_as<I, std::int64_t> || std::same_as<I, std::int32_t>;
+
+/// Checks an index tensor's dtype: int64, or also int32 where `int32_ok` (embedding,
+/// index_select); gather and scatter_add take int64 only, as in PyTorch.
+inline void check_index_dtype(dtype dt, const char* what, bool int32_ok) {
+  if (int32_ok) {
+    CCGRAPH_CHECK(dt == dtype::i64 || dt == dtype::i32, what,
+                  ": expected an index tensor of dtype i64 or i32, got ", dt);
+  } else {
+    CCGRAPH_CHECK(dt == dtype::i64, what, ": expected dtype i64 for index, got ", dt);
+  }
+}
+
+// ---- embedding -------------------------------------------------------------------------------
+
+/// padding_idx normalised against a table of `num_embeddings` rows (negative counts from the
+/// end, as in torch.nn.functional.embedding), or -1 for none. Throws when it is out of range.
+inline std::int64_t embedding_padding_idx(std::optional<std::int64_t> padding_idx,
+                                          std::int64_t num_embeddings) {
+  if (!padding_idx) return -1;
+  const std::int64_t p = *padding_idx;
+  CCGRAPH_CHECK(p < num_embeddings && p >= -num_embeddings, "embedding: padding_idx ", p,
+                " must be within num_embeddings ", num_embeddings);
+  return p < 0 ? p + num_embeddings : p;
+}
+
+/// The shape of embedding(indices, weight): indices' shape + [D] for a weight of [V, D]. The
+/// indices are i64 or i32; `padding_idx` (only validated here) must lie within V.
+inline shape_t embedding_shape(const shape_t& indices, dtype index_dtype, const shape_t& weight,
+                               std::optional<std::int64_t> padding_idx = std::nullopt) {
+  check_index_dtype(index_dtype, "embedding", true);
+  CCGRAPH_CHECK(weight.size() == 2, "embedding: weight must be 2-D [num_embeddings, embedding_dim], got shape ",
+                shape_str(weight));
+  (void)embedding_padding_idx(padding_idx, weight[0]);
+  shape_t out = indices;
+  out.push_back(weight[1]);
+  return out;
+}
+
+/// The shape of embedding's backward (the weight's gradient): [num_weights, D], for `grad` of
+/// shape indices' shape + [D].
+inline shape_t embedding_backward_shape(const shape_t& grad, const shape_t& indices, dtype index_dtype,
+                                        std::int64_t num_weights,
+                                        std::optional<std::int64_t> padding_idx = std::nullopt) {
+  check_index_dtype(index_dtype, "embedding_backward", true);
+  CCGRAPH_CHECK(num_weights >= 0, "embedding_backward: negative num_weights ", num_weights);
+  CCGRAPH_CHECK(grad.size() == indices.size() + 1 &&
+                    std::equal(indices.begin(), indices.end(), grad.begin()),
+                "embedding_backward: grad of shape ", shape_str(grad),
+                " must be the indices' shape ", shape_str(indices), " plus the embedding dim");
+  (void)embedding_padding_idx(padding_idx, num_weights);
+  return {num_weights, grad.back()};
+}
+
+// ---- index_select ------------------------------------------------------------------------------
+
+/// The shape of index_select(input, dim, index): input's shape with dim's size replaced by the
+/// number of indices. `index` is 1-d or 0-d, i64 or i32.
+inline shape_t index_select_shape(const shape_t& input, std::int64_t dim, const shape_t& index,
+                                  dtype index_dtype) {
+  check_index_dtype(index_dtype, "index_select", true);
+  CCGRAPH_CHECK(index.size() <= 1, "index_select: index is supposed to be a vector, got shape ",
+                shape_str(index));
+  const int d = index_op_dim(dim, input.size(), "index_select");
+  if (input.empty()) {  // a 0-d input takes a one-element index and stays 0-d
+    CCGRAPH_CHECK(numel_of(index) == 1, "index_select: index to a 0-d input can have only 1 value, got ",
+                  numel_of(index));
+    return {};
+  }
+  shape_t out = input;
+  out[static_cast<std::size_t>(d)] = numel_of(index);
+  return out;
+}
+
+// ---- gather / scatter_add -----------------------------------------------------------------------
+
+/// The shape of gather(input, dim, index): index's shape. index (i64) has input's number of
+/// dims and, in every dim but `dim`, at most input's size (torch.gather's rules).
+inline shape_t gather_shape(const shape_t& input, std::int64_t dim, const shape_t& index,
+                            dtype index_dtype) {
+  check_index_dtype(index_dtype, "gather", false);
+  const int d = index_op_dim(dim, input.size(), "gather");
+  const shape_t in = nonempty_shape(input), ix = nonempty_shape(index);
+  CCGRAPH_CHECK(in.size() == ix.size(), "gather: index ", shape_str(index),
+                " must have the same number of dimensions as input ", shape_str(input));
+  for (std::size_t k = 0; k < in.size(); ++k)
+    CCGRAPH_CHECK(static_cast<int>(k) == d || ix[k] <= in[k], "gather: size does not match at dimension ", k,
+                  ": expected index ", shape_str(index), " to be smaller than input ",
+                  shape_str(input), " apart from dimension ", d);
+  return index;
+}
+
+/// The shape of scatter_add(self, dim, index, src): self's shape. index (i64) has self's number
+/// of dims, at most self's size in every dim but `dim` and at most src's size in every dim;
+/// src has self's dtype and number of dims (torch.scatter_add's rules).
+inline shape_t scatter_add_shape(const shape_t& self, std::int64_t dim, const shape_t& index,
+                                 dtype index_dtype, const shape_t& src, dtype self_dtype,
+                                 dtype src_dtype) {
+  check_index_dtype(index_dtype, "scatter_add", false);
+  CCGRAPH_CHECK(self_dtype == src_dtype, "scatter_add: self (", self_dtype, ") and src (",
+                src_dtype, ") must have the same dtype");
+  const int d = index_op_dim(dim, self.size(), "scatter_add");
+  const shape_t s = nonempty_shape(self), ix = nonempty_shape(index), sr = nonempty_shape(src);
+  CCGRAPH_CHECK(s.size() == ix.size(), "scatter_add: index ", shape_str(index),
+                " must have the same number of dimensions as self ", shape_str(self));
+  CCGRAPH_CHECK(sr.size() == ix.size(), "scatter_add: index ", shape_str(index),
+                " must have the same number of dimensions as src ", shape_str(src));
+  bool fits = true;
+  for (std::size_t k = 0; k < s.size(); ++k)
+    fits = fits && (static_cast<int>(k) == d || ix[k] <= s[k]) && ix[k] <= sr[k];
+  CCGRAPH_CHECK(fits, "scatter_add: expected index ", shape_str(index), " to be smaller than self ",
+                shape_str(self), " apart from dimension ", d, " and to be smaller size than src ",
+                shape_str(src));
+  return self;
+}
+
+// ---- CPU kernels -------------------------------------------------------------------------------
+
+/// Throws for an index outside [0, size): `what: index 7 is out of bounds for dimension 0 with
+/// size 5`.
+inline void check_index_bounds(std::int64_t i, std::int64_t size, int dim, const char* what) {
+  CCGRAPH_CHECK(i >= 0 && i < size, what, ": index ", i, " is out of bounds for dimension ", dim,
+                " with size ", size);
+}
+
+/// The one implementation of index_select and embedding's forward: out (contiguous, shape
+/// index_select_shape) = input's slices at `index` along `d`. `what` names the caller.
+template <element T, index_element I>
+void index_select_rows_cpu(const tensor<T>& input, int d, const tensor<I>& index, const tensor<T>& out,
+                           const char* what) {
+  const tensor<T> in = nonempty_view(input);
+  tensor<T> o = nonempty_view(out);
+  const std::vector<I> idx = index.to_vector();
+  const std::int64_t size = in.shape()[static_cast<std::size_t>(d)];
+  for (const I i : idx) check_index_bounds(static_cast<std::int64_t>(i), size, d, what);
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    const tensor<T> src = in.select(d, static_cast<std::int64_t>(idx[j]));
+    const tensor<T> dst = o.select(d, static_cast<std::int64_t>(j));
+    const T* s = src.data();
+    T* p = dst.data();
+    for_each_offset<2>(dst.shape(), {&dst.strides(), &src.strides()}, [&](const auto& off) { p[off[0]] = s[off[1]]; });
+  }
+}
+
+/// index_select(input, dim, index) into `out` (contiguous, of index_select_shape).
+template <element T, index_element I>
+void index_select_cpu(const tensor<T>& input, std::int64_t dim, const tensor<I>& index, const tensor<T>& out) {
+  const shape_t shape = index_select_shape(input.shape(), dim, index.shape(), dtype_v<I>);
+  check_kernel_output(out, shape, "index_select");
+  check_same_device("index_select", device::cpu(), {input.device(), index.device(), out.device()});
+  index_select_rows_cpu(input, index_op_dim(dim, input.dim(), "index_select"), index.flatten(), out,
+                        "index_select");
+}
+
+/// embedding(indices, weight) into `out` (contiguous, indices' shape + [D]): row indices[...]
+/// of the [V, D] table. An index outside [0, V) throws (PyTorch: "index out of range in self").
+template <element T, index_element I>
+void embedding_cpu(const tensor<I>& indices, const tensor<T>& weight, const tensor<T>& out) {
+  const shape_t shape = embedding_shape(indices.shape(), dtype_v<I>, weight.shape());
+  check_kernel_output(out, shape, "embedding");
+  check_same_device("embedding", device::cpu(), {indices.device(), weight.device(), out.device()});
+  index_select_rows_cpu(weight, 0, indices.flatten(), out.reshape({indices.numel(), weight.shape()[1]}),
+                        "embedding");
+}
+
+/// embedding's backward into `grad_weight` ([num_weights, D], contiguous): the sum of the rows
+/// of `grad` (indices' shape + [D]) that looked up each table row, in the indices' row-major
+/// order; rows looked up by `padding_idx` get no gradient (stay 0), as in PyTorch.
+template <element T, index_element I>
+void embedding_backward_cpu(const tensor<T>& grad, const tensor<I>& indices,
+                            std::optional<std::int64_t> padding_idx, const tensor<T>& grad_weight) {
+  static_assert(std::is_floating_point_v<compute_t<T>>,
+                "embedding_backward: gradients are floating point (f32, f64, bf16, f16)");
+  CCGRAPH_CHECK(grad_weight.dim() == 2, "embedding_backward: grad_weight must be 2-D, got shape ",
+                shape_str(grad_weight.shape()));
+  const std::int64_t num_weights = grad_weight.shape()[0];
+  const shape_t shape = embedding_backward_shape(grad.shape(), indices.shape(), dtype_v<I>, num_weights, padding_idx);
+  check_kernel_output(grad_weight, shape, "embedding_backward", "grad_weight");
+  check_same_device("embedding_backward", device::cpu(), {grad.device(), indices.device(), grad_weight.device()});
+  const std::int64_t pad = embedding_padding_idx(padding_idx, num_weights);
+  const std::int64_t n = indices.numel(), dim = shape[1];
+  const std::vector<I> idx = indices.to_vector();
+  for (const I i : idx) check_index_bounds(static_cast<std::int64_t>(i), num_weights, 0, "embedding_backward");
+  using A = compute_t<T>;
+  std::vector<A> acc(static_cast<std::size_t>(num_weights * dim), A(0));
+  const tensor<T> g = grad.reshape({n, dim});
+  const T* gp = g.data();
+  const std::int64_t rs = g.strides()[0], cs = g.strides()[1];
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto row = static_cast<std::int64_t>(idx[static_cast<std::size_t>(r)]);
+    if (row == pad) continue;
+    A* a = acc.data() + row * dim;
+    for (std::int64_t c = 0; c < dim; ++c) a[c] += static_cast<A>(gp[r * rs + c * cs]);
+  }
+  T* out = grad_weight.data();
+  for (std::size_t i = 0; i < acc.size(); ++i) out[i] = cast<T>(acc[i]);
+}
+
+/// gather(input, dim, index) into `out` (contiguous, index's shape):
+/// out[i][j][k] = input[index[i][j][k]][j][k] for dim 0, and so on.
+template <element T>
+void gather_cpu(const tensor<T>& input, std::int64_t dim, const tensor<std::int64_t>& index, const tensor<T>& out) {
+  const shape_t shape = gather_shape(input.shape(), dim, index.shape(), dtype::i64);
+  check_kernel_output(out, shape, "gather");
+  check_same_device("gather", device::cpu(), {input.device(), index.device(), out.device()});
+  const int d = index_op_dim(dim, input.dim(), "gather");
+  const tensor<T> in = nonempty_view(input);
+  const tensor<std::int64_t> ix = nonempty_view(index);
+  const tensor<T> o = nonempty_view(out);
+  strides_t in_strides = in.strides();
+  const std::int64_t step = in_strides[static_cast<std::size_t>(d)];
+  const std::int64_t size = in.shape()[static_cast<std::size_t>(d)];
+  in_strides[static_cast<std::size_t>(d)] = 0;  // index picks the position along dim
+  const std::int64_t* ip = ix.data();
+  const T* src = in.data();
+  T* dst = o.data();
+  for_each_offset<3>(ix.shape(), {&ix.strides(), &o.strides(), &in_strides}, [&](const auto& off) {
+    const std::int64_t i = ip[off[0]];
+    check_index_bounds(i, size, d, "gather");
+    dst[off[1]] = src[off[2] + i * step];
+  });
+}
+
+/// scatter_add(self, dim, index, src) into `out` (contiguous, self's shape): out = self, then
+/// out[index[i][j][k]][j][k] += src[i][j][k] for dim 0 (and so on), in index's row-major order.
+/// bf16/f16 accumulate in float and round once.
+template <element T>
+void scatter_add_cpu(const tensor<T>& self, std::int64_t dim, const tensor<std::int64_t>& index,
+                     const tensor<T>& src, const tensor<T>& out) {
+  static_assert(!std::is_same_v<T, bool>, "scatter_add: bool tensors are not supported; convert with .to<U>()");
+  const shape_t shape = scatter_add_shape(self.shape(), dim, index.shape(), dtype::i64, src.shape(),
+                                          dtype_v<T>, dtype_v<T>);
+  check_kernel_output(out, shape, "scatter_add");
+  check_same_device("scatter_add", device::cpu(), {self.device(), index.device(), src.device(), out.device()});
+  const int d = index_op_dim(dim, self.dim(), "scatter_add");
+  const tensor<std::int64_t> ix = nonempty_view(index);
+  const tensor<T> sr = nonempty_view(src);
+  tensor<T> o = nonempty_view(out);
+  using A = compute_t<T>;
+  std::vector<A> acc(static_cast<std::size_t>(o.numel()));
+  {
+    const std::vector<T> init = self.to_vector();  // before writing out: out may be self's memory
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<A>(init[i]);
+  }
+  strides_t o_strides = o.strides();  // contiguous
+  const std::int64_t step = o_strides[static_cast<std::size_t>(d)];
+  const std::int64_t size = o.shape()[static_cast<std::size_t>(d)];
+  o_strides[static_cast<std::size_t>(d)] = 0;
+  const std::int64_t* ip = ix.data();
+  const T* sp = sr.data();
+  for_each_offset<3>(ix.shape(), {&ix.strides(), &sr.strides(), &o_strides}, [&](const auto& off) {
+    const std::int64_t i = ip[off[0]];
+    check_index_bounds(i, size, d, "scatter_add");
+    acc[static_cast<std::size_t>(off[2] + i * step)] += static_cast<A>(sp[off[1]]);
+  });
+  T* op = o.data();
+  for (std::size_t i = 0; i < acc.size(); ++i) op[i] = cast<T>(acc[i]);
+}
+
+}  // namespace ccgraph::detail

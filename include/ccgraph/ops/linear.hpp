@@ -1,0 +1,108 @@
+// ccgraph/ops/linear.hpp: torch.bmm and torch.nn.functional.linear (with an optional GELU
+// after the bias, the fusion a tensor-parallel MLP uses): shape functions with PyTorch's errors
+// and CPU kernels. torch.matmul's batched broadcasting is matmul_shape / matmul_into
+// (ops/matmul.hpp), which bmm reuses. The CUDA kernels (cuBLASLt, with its bias and bias+GELU
+// epilogues for linear) are in <ccgraph/cuda/linear.cuh>.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+#include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/ops/kernel_checks.hpp>
+#include <ccgraph/ops/matmul.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+
+namespace ccgraph::detail {
+
+/// What linear applies after adding its bias: nothing, or GELU in its tanh approximation,
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))) (PyTorch's gelu(approximate="tanh"), and what
+/// cuBLASLt's GELU epilogue computes; cg::gelu is the exact erf form).
+enum class linear_activation : std::uint8_t { none, gelu_tanh };
+
+/// "none" / "gelu_tanh".
+constexpr std::string_view to_string(linear_activation a) {
+  return a == linear_activation::none ? "none" : "gelu_tanh";
+}
+
+/// GELU's tanh approximation in A.
+template <class A>
+A gelu_tanh(A x) {
+  const A k0 = A(0.7978845608028654), k1 = A(0.044715);
+  return A(0.5) * x * (A(1) + std::tanh(k0 * (x + k1 * x * x * x)));
+}
+
+/// The shape of bmm(a, b): a [B, n, m] and b [B, m, p] give [B, n, p] (torch.bmm: both 3-d,
+/// the same batch, no broadcasting).
+inline shape_t bmm_shape(const shape_t& a, const shape_t& b) {
+  CCGRAPH_CHECK(a.size() == 3, "bmm: batch1 must be a 3-d tensor, got shape ", shape_str(a));
+  CCGRAPH_CHECK(b.size() == 3, "bmm: batch2 must be a 3-d tensor, got shape ", shape_str(b));
+  CCGRAPH_CHECK(b[0] == a[0] && b[1] == a[2], "bmm: expected batch2's first two dims to be [", a[0], ", ", a[2],
+                "] for batch1 of shape ", shape_str(a), ", got batch2 of shape ", shape_str(b));
+  return {a[0], a[1], b[2]};
+}
+
+/// The shape of linear(x, w, bias): x [..., in] with w [out, in] (and bias [out]) gives
+/// [..., out].
+inline shape_t linear_shape(const shape_t& x, const shape_t& w, const std::optional<shape_t>& bias = std::nullopt) {
+  CCGRAPH_CHECK(!x.empty(), "linear: input must have at least 1 dim, got a 0-d tensor");
+  CCGRAPH_CHECK(w.size() == 2, "linear: weight must be 2-d [out_features, in_features], got shape ", shape_str(w));
+  CCGRAPH_CHECK(x.back() == w[1], "linear: input of shape ", shape_str(x), " and weight of shape ", shape_str(w),
+                " cannot be multiplied (in_features ", x.back(), " != ", w[1], ")");
+  if (bias)
+    CCGRAPH_CHECK(bias->size() == 1 && (*bias)[0] == w[0], "linear: bias of shape ", shape_str(*bias),
+                  " for out_features ", w[0], "; expected [", w[0], "]");
+  shape_t out(x.begin(), x.end() - 1);
+  out.push_back(w[0]);
+  return out;
+}
+
+/// bmm(a, b) into `out` (contiguous [B, n, p]).
+template <element T>
+void bmm_cpu(const tensor<T>& a, const tensor<T>& b, const tensor<T>& out) {
+  check_kernel_output(out, bmm_shape(a.shape(), b.shape()), "bmm");
+  check_same_device("bmm", device::cpu(), {a.device(), b.device(), out.device()});
+  matmul_into(out, a, b);
+}
+
+/// linear(x, w, bias) then `act`, into `out` (contiguous [..., out]): y = act(x wᵀ + bias),
+/// accumulated in float for bf16/f16 (double for f64) with the bias and activation applied
+/// before the one rounding to T (as cuBLASLt's epilogues do).
+template <element T, int SimdBytes = native_simd_bytes>
+void linear_cpu(const tensor<T>& x, const tensor<T>& w, const std::optional<tensor<T>>& bias, linear_activation act,
+                const tensor<T>& out) {
+  static_assert(std::is_floating_point_v<compute_t<T>>, "linear: floating-point tensors only (f32, f64, bf16, f16)");
+  using A = matmul_acc_t<T>;
+  const shape_t shape =
+      linear_shape(x.shape(), w.shape(), bias ? std::optional<shape_t>(bias->shape()) : std::nullopt);
+  check_kernel_output(out, shape, "linear");
+  check_same_device("linear", device::cpu(), {x.device(), w.device(), out.device()});
+  if (bias) check_same_device("linear", device::cpu(), {bias->device()});
+  const std::int64_t n = w.shape()[0], k = w.shape()[1];
+  const std::int64_t m = n == 0 ? 0 : numel_of(shape) / n;
+  if (m == 0 || n == 0) return;
+  const tensor<T> x2 = x.reshape({m, k});  // a view when x's layout allows, else a copy
+  std::unique_ptr<A[]> c(new A[static_cast<std::size_t>(m * n)]);
+  gemm_workspace<A, SimdBytes> ws(n);
+  // x2 [m, k] times wᵀ: B(p, j) = w[j][p], so B's row stride is w's column stride and back.
+  gemm(m, n, k, x2.data(), x2.strides()[0], x2.strides()[1], w.data(), w.strides()[1], w.strides()[0], c.get(), n,
+       std::int64_t{1}, ws);
+  const T* bp = bias ? bias->data() : nullptr;
+  const std::int64_t bs = bias ? bias->strides()[0] : 0;
+  T* op = out.data();
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      A v = c[static_cast<std::size_t>(i * n + j)];
+      if (bp) v += static_cast<A>(static_cast<compute_t<T>>(bp[j * bs]));
+      if (act == linear_activation::gelu_tanh) v = gelu_tanh(v);
+      op[i * n + j] = cast<T>(v);
+    }
+}
+
+}  // namespace ccgraph::detail
