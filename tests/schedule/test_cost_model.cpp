@@ -185,6 +185,22 @@ TEST_CASE("cost_model.collective_us.every_kind") {
         doctest::Approx(m.collective_us(cg::ops::reduce_scatter_tensor{cg::reduce_op::sum, n}, {f32_bytes(128 * MiB)}, n)));
 }
 
+TEST_CASE("cost_model.collective_us.reduce_and_point_to_point") {
+  const cg::cost_model m(cg::device_spec::h200());
+  const auto in = f32_bytes(64 * MiB);
+  // A ring reduce moves what a broadcast does.
+  CHECK(m.collective_us(cg::ops::reduce{cg::reduce_op::sum, 0}, {in}, 4) ==
+        doctest::Approx(m.collective_us(cg::ops::broadcast{0}, {in}, 4)));
+  // A batch is a two-rank exchange of 2 x its larger direction's bytes, whatever the group.
+  const cg::ops::batch_isend_irecv b{{{true, 1, in}, {false, 2, f32_bytes(16 * MiB)}}};
+  const double two_rank = m.nccl_collective(cg::nccl_coll::all_to_all, 2.0 * 64 * MiB, 2).us;
+  CHECK(m.collective_us(b, {in}, 4) == doctest::Approx(two_rank));
+  CHECK(m.collective_us(b, {in}, 8) == doctest::Approx(two_rank));
+  CHECK(m.nccl_collective(cg::nccl_coll::send_recv, 2.0 * 64 * MiB, 8).us == doctest::Approx(two_rank));
+  CHECK(m.nccl_collective(cg::nccl_coll::reduce, 64.0 * MiB, 4).us ==
+        doctest::Approx(m.nccl_collective(cg::nccl_coll::broadcast, 64.0 * MiB, 4).us));
+}
+
 TEST_CASE("cost_model.estimate_us.collective_node") {
   cg::graph g;
   auto* x = g.add_placeholder({cg::dtype::bf16, {4096, 4096}});

@@ -79,6 +79,18 @@ inline bool in_place_input_of(const node_op& op) {
   return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::in_place_input; });
 }
 
+/// True when each run of `op` draws new random numbers (op_traits<O>::draws_random; false for
+/// an op without it).
+inline bool draws_random(const node_op& op) {
+  return visit_op(op, [](const auto& o) {
+    using O = std::decay_t<decltype(o)>;
+    if constexpr (detail::op_has_draws_random<O>)
+      return bool(op_traits<O>::draws_random(o));
+    else
+      return false;
+  });
+}
+
 /// What the cost model prices for `op` on inputs `in` giving `out` (group_size for collectives).
 inline op_cost cost_of(const node_op& op, const std::vector<tensor_meta>& in, const std::vector<tensor_meta>& out,
                        int group_size = 1) {

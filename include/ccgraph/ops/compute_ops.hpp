@@ -344,6 +344,8 @@ struct op_traits<ops::pointwise> {
     o.kernel->run_into(a.in, a.outs[0]);
     return {a.outs[0]};
   }
+  /// A recorded dropout draws new numbers on every run.
+  static bool draws_random(const O& o) { return o.kernel && o.kernel->draws_random(); }
   /// (output elements x ops in the fused expression) FLOPs at the f32 vector rate, inputs and
   /// output as bytes.
   static op_cost cost(const O& o, const cost_args& a) {

@@ -182,6 +182,13 @@ concept op_has_coalesce = requires(const O& o) {
   typename op_traits<O>::coalesced_op;
   { op_traits<O>::coalesce(o, 2) } -> std::same_as<typename op_traits<O>::coalesced_op>;
 };
+/// Optional: `draws_random(o)`, true when each run of the op draws new random numbers (a
+/// dropout's pointwise node): a CUDA Graph replay would repeat them, and pieces of it would draw
+/// apart. An op without it draws none.
+template <class O>
+concept op_has_draws_random = requires(const O& o) {
+  { op_traits<O>::draws_random(o) } -> std::convertible_to<bool>;
+};
 template <class O>
 concept op_has_gradient = requires { typename op_traits<O>::gradient; };
 template <class O>

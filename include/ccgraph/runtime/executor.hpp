@@ -169,8 +169,8 @@ class executor {
     if (opt.cuda_graph) {
       // A recorded CUDA Graph replays its kernels' arguments: a dropout would repeat its mask.
       for (const node* n : nodes)
-        if (const auto* pw = std::get_if<ops::pointwise>(&n->kind()); pw && pw->kernel && pw->kernel->draws_random())
-          CCGRAPH_THROW(error, "compile: node %", n->name(), " (", pw->fused,
+        if (draws_random(n->kind()))
+          CCGRAPH_THROW(error, "compile: node %", n->name(), " (", n->op(),
                         ") draws random numbers, which a CUDA Graph replay would repeat on every call; "
                         "compile this graph without cuda_graph");
     }

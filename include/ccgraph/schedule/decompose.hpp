@@ -60,6 +60,8 @@ inline bucket_family collective_family(const node& c) {
 /// like a bias of shape [N] or [1, N], and stay whole).
 inline std::optional<std::vector<bool>> row_args(const node& v) {
   if (v.num_outputs() != 1 || v.shape().size() != 2 || v.shape()[0] < 2) return std::nullopt;
+  // A node that draws random numbers (dropout) stays whole: chunks would draw apart.
+  if (draws_random(v.kind())) return std::nullopt;
   const std::int64_t rows = v.shape()[0];
   if (std::holds_alternative<ops::matmul>(v.kind())) {
     if (v.args().size() != 2) return std::nullopt;
@@ -67,9 +69,7 @@ inline std::optional<std::vector<bool>> row_args(const node& v) {
       if (a.src->shape(a.index).size() != 2) return std::nullopt;
     return std::vector<bool>{true, false};
   }
-  if (const auto* pw = std::get_if<ops::pointwise>(&v.kind())) {
-    // A node that draws random numbers (dropout) stays whole: chunks would draw apart.
-    if (pw->kernel && pw->kernel->draws_random()) return std::nullopt;
+  if (std::holds_alternative<ops::pointwise>(v.kind())) {
     std::vector<bool> r;
     for (auto& a : v.args()) {
       const shape_t& s = a.src->shape(a.index);
