@@ -1217,13 +1217,10 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
             CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
             kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::smem_bytes, stream>>>(la);
           };
-          // 128-row blocks (8 warps) read each K/V tile for twice the rows: half the shared-memory
-          // traffic per FLOP, at the same occupancy (register-bound either way); 64-row blocks
-          // where 128-row ones would not fill two waves of the SMs.
-          const bool eight =
-              which == sdpa_cuda_kernel::flash8 ||
-              (which == sdpa_cuda_kernel::automatic &&
-               static_cast<long long>(la.BH) * ((la.L + 127) / 128) >= 2ll * cd::pointwise_sm_count());
+          // The automatic choice is the 64-row (4-warp) kernel: the 128-row one, which reads each
+          // K/V tile for twice the rows, measured 5-27% slower on every shape of bench_gpu_index
+          // (H200, 2026-11-26, bench/RESULTS.md), large batches included.
+          const bool eight = which == sdpa_cuda_kernel::flash8;
           if (la.E == 64) {
             if (eight) run(std::integral_constant<int, 64>{}, std::integral_constant<int, 8>{});
             else run(std::integral_constant<int, 64>{}, std::integral_constant<int, 4>{});
