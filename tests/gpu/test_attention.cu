@@ -153,10 +153,10 @@ GPU_TEST_CASE("sdpa.cuda.simt.every_dtype") {
 }
 
 GPU_TEST_CASE("sdpa.cuda.automatic_runs_a_fused_kernel_on_large_batches") {
-  // The automatic choice takes 128-row blocks once they fill two waves of the SMs (L = 2048:
-  // 32 heads x 16 row blocks, more than twice an H100's 132 SMs) and 64-row ones below (L =
-  // 64 on an H100): the result is that fused kernel's (each checked against the CPU above) bit
-  // for bit, and the two kernels agree within a rounding of bf16.
+  // The automatic choice is the 64-row fused kernel on small and large batches alike (the
+  // 128-row one measured slower everywhere, bench/RESULTS.md): the result is that kernel's
+  // (checked against the CPU above) bit for bit, and the two kernels agree within a rounding
+  // of bf16.
   for (const i64 L : {2048, 64}) {
     CAPTURE(L);
     const i64 B = 2, H = 16, E = 64;
@@ -168,8 +168,7 @@ GPU_TEST_CASE("sdpa.cuda.automatic_runs_a_fused_kernel_on_large_batches") {
       return out.cpu();
     };
     const auto automatic = run(sdpa_cuda_kernel::automatic);
-    const bool eight = B * H * ((L + 127) / 128) >= 2ll * cg::cuda::detail::pointwise_sm_count();
-    const auto expected = run(eight ? sdpa_cuda_kernel::flash8 : sdpa_cuda_kernel::flash4);
+    const auto expected = run(sdpa_cuda_kernel::flash4);
     check_bitwise(automatic, expected, "automatic vs the kernel it should pick");
     check_close(run(sdpa_cuda_kernel::flash8), run(sdpa_cuda_kernel::flash4), fwd_tol<cg::bf16>(),
                 fwd_tol<cg::bf16>(), "flash8 vs flash4");

@@ -1217,13 +1217,10 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
             CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
             kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::smem_bytes, stream>>>(la);
           };
-          // 128-row blocks (8 warps) read each K/V tile for twice the rows: half the shared-memory
-          // traffic per FLOP, at the same occupancy (register-bound either way); 64-row blocks
-          // where 128-row ones would not fill two waves of the SMs.
-          const bool eight =
-              which == sdpa_cuda_kernel::flash8 ||
-              (which == sdpa_cuda_kernel::automatic &&
-               static_cast<long long>(la.BH) * ((la.L + 127) / 128) >= 2ll * cd::pointwise_sm_count());
+          // The automatic choice is the 64-row (4-warp) kernel: the 128-row one, which reads each
+          // K/V tile for twice the rows, measured 5-27% slower on every shape of bench_gpu_index
+          // (H200, 2026-11-26, bench/RESULTS.md), large batches included.
+          const bool eight = which == sdpa_cuda_kernel::flash8;
           if (la.E == 64) {
             if (eight) run(std::integral_constant<int, 64>{}, std::integral_constant<int, 8>{});
             else run(std::integral_constant<int, 64>{}, std::integral_constant<int, 4>{});
@@ -1280,19 +1277,8 @@ void sdpa_backward_cuda_with(sdpa_cuda_kernel which, const tensor<T>& grad_out_i
   namespace cd = ::ccgraph::cuda::detail;
   using A = sdpa_lse_t<T>;
   constexpr const char* what = "scaled_dot_product_attention_backward";
-  const sdpa_sizes s = sdpa_check(meta_of(q_in), meta_of(k_in), meta_of(v_in), meta_of(mask), opt);
-  shape_t out_shape = s.batch, lse_shape = s.batch;
-  out_shape.push_back(s.L);
-  out_shape.push_back(s.Ev);
-  lse_shape.push_back(s.L);
-  CCGRAPH_CHECK(grad_out_in.shape() == out_shape && out_in.shape() == out_shape, what, ": grad_out ",
-                shape_str(grad_out_in.shape()), " and out ", shape_str(out_in.shape()),
-                " must have the forward output's shape ", shape_str(out_shape));
-  CCGRAPH_CHECK(lse.shape() == lse_shape, what, ": lse of shape ", shape_str(lse.shape()),
-                " for a forward of lse shape ", shape_str(lse_shape));
-  check_kernel_output(grad_q, q_in.shape(), what, "grad_q");
-  check_kernel_output(grad_k, k_in.shape(), what, "grad_k");
-  check_kernel_output(grad_v, v_in.shape(), what, "grad_v");
+  const sdpa_sizes s =
+      sdpa_backward_check(grad_out_in, q_in, k_in, v_in, out_in, lse, mask, opt, grad_q, grad_k, grad_v);
   const device dev = grad_q.device();
   CCGRAPH_CHECK(dev.is_cuda(), what, ": grad_q on ", dev, ", not a CUDA device");
   check_same_device(what, dev,
@@ -1314,7 +1300,7 @@ void sdpa_backward_cuda_with(sdpa_cuda_kernel which, const tensor<T>& grad_out_i
   tensor<T> go = sdpa_unit_last(grad_out_in);
   const tensor<T> o = sdpa_unit_last(out_in);
   const tensor<A> l = lse.strides().back() == 1 || s.L <= 1 ? lse : lse.contiguous();
-  const tensor<A> delta = tensor<A>::empty(lse_shape, dev);
+  const tensor<A> delta = tensor<A>::empty(lse.shape(), dev);
   bool flash = false;
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
     auto aligned = [](const tensor<T>& t) {

@@ -250,17 +250,13 @@ void sdpa_cpu(const tensor<T>& q, const tensor<T>& k, const tensor<T>& v, const 
   });
 }
 
-/// The backward's CPU kernel: grad_q, grad_k, grad_v (contiguous, the shapes of q, k, v) from
-/// grad_out ([..., L, Ev]) and the forward's out and lse, as flash-attention's backward does:
-/// P = exp(q kᵀ · scale + mask - lse), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)),
-/// dQ = dS K · scale, dK = dSᵀ Q · scale. No gradient for the mask.
-template <element T, element M = bool>
-  requires sdpa_mask_element<M, T>
-void sdpa_backward_cpu(const tensor<T>& grad_out, const tensor<T>& q, const tensor<T>& k, const tensor<T>& v,
-                       const tensor<T>& out, const tensor<sdpa_lse_t<T>>& lse,
-                       const std::optional<tensor<std::type_identity_t<M>>>& mask, const sdpa_options& opt,
-                       const tensor<T>& grad_q, const tensor<T>& grad_k, const tensor<T>& grad_v) {
-  using A = sdpa_lse_t<T>;
+/// The backward's argument checks, shared by its CPU and CUDA kernels: the forward's checks,
+/// grad_out / out / lse of the forward's output shapes, and grad_q/k/v of q/k/v's shapes.
+template <element T, element M>
+sdpa_sizes sdpa_backward_check(const tensor<T>& grad_out, const tensor<T>& q, const tensor<T>& k,
+                               const tensor<T>& v, const tensor<T>& out, const tensor<sdpa_lse_t<T>>& lse,
+                               const std::optional<tensor<M>>& mask, const sdpa_options& opt,
+                               const tensor<T>& grad_q, const tensor<T>& grad_k, const tensor<T>& grad_v) {
   constexpr const char* what = "scaled_dot_product_attention_backward";
   const sdpa_sizes s = sdpa_check(meta_of(q), meta_of(k), meta_of(v), meta_of(mask), opt);
   shape_t out_shape = s.batch, lse_shape = s.batch;
@@ -275,6 +271,22 @@ void sdpa_backward_cpu(const tensor<T>& grad_out, const tensor<T>& q, const tens
   check_kernel_output(grad_q, q.shape(), what, "grad_q");
   check_kernel_output(grad_k, k.shape(), what, "grad_k");
   check_kernel_output(grad_v, v.shape(), what, "grad_v");
+  return s;
+}
+
+/// The backward's CPU kernel: grad_q, grad_k, grad_v (contiguous, the shapes of q, k, v) from
+/// grad_out ([..., L, Ev]) and the forward's out and lse, as flash-attention's backward does:
+/// P = exp(q kᵀ · scale + mask - lse), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)),
+/// dQ = dS K · scale, dK = dSᵀ Q · scale. No gradient for the mask.
+template <element T, element M = bool>
+  requires sdpa_mask_element<M, T>
+void sdpa_backward_cpu(const tensor<T>& grad_out, const tensor<T>& q, const tensor<T>& k, const tensor<T>& v,
+                       const tensor<T>& out, const tensor<sdpa_lse_t<T>>& lse,
+                       const std::optional<tensor<std::type_identity_t<M>>>& mask, const sdpa_options& opt,
+                       const tensor<T>& grad_q, const tensor<T>& grad_k, const tensor<T>& grad_v) {
+  using A = sdpa_lse_t<T>;
+  constexpr const char* what = "scaled_dot_product_attention_backward";
+  const sdpa_sizes s = sdpa_backward_check(grad_out, q, k, v, out, lse, mask, opt, grad_q, grad_k, grad_v);
   check_same_device(what, device::cpu(),
                     {grad_out.device(), q.device(), k.device(), v.device(), out.device(), lse.device(),
                      grad_q.device(), grad_k.device(), grad_v.device()});
