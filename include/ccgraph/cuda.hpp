@@ -30,4 +30,6 @@
 #include <ccgraph/cuda/peer_reduce.cuh>
 #include <ccgraph/cuda/pointwise.cuh>
 #include <ccgraph/cuda/reduction.cuh>
+// Last: every op's cuda_impl is visible, so the check that none is missing runs here.
+#include <ccgraph/cuda/install_ops.hpp>
 #endif

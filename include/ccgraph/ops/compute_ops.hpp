@@ -227,10 +227,9 @@ struct op_apply<tensor<T>> {
       require_apply_view<O>();
       return traits::apply_view(o, x);
     } else {
-      require_run<O>();
       const std::vector<any_tensor> ins{any_tensor(x), any_tensor(xs)...};
       const std::vector<any_tensor> none;
-      auto out = traits::run(o, run_args{ins, none, metas, x.device()});
+      auto out = run_op(o, run_args{ins, none, metas, x.device()});
       return get_tensor<T>(out.at(0), O::name.data());
     }
   }
@@ -288,6 +287,7 @@ struct op_traits<ops::matmul> {
   static constexpr op_category category = op_category::compute;
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
   static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 2);
     ops::detail::expect_same_dtype(O::name, in);
@@ -325,6 +325,7 @@ struct op_traits<ops::pointwise> {
   static constexpr op_category category = op_category::pointwise;
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     CCGRAPH_CHECK(!in.empty(), "pointwise: needs at least one tensor input");
     // The recorded expression knows its element types (it may mix them: comparisons, where);
@@ -362,6 +363,7 @@ struct op_traits<ops::cat> {
   static constexpr op_category category = op_category::compute;
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_same_dtype(O::name, in);
     std::vector<shape_t> shapes;
@@ -394,6 +396,7 @@ struct op_traits<ops::repeat> {
   static constexpr op_category category = op_category::compute;
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
     return {{in[0].dtype, tensor<float>::repeat_shape(in[0].shape, o.repeats)}};
@@ -421,6 +424,7 @@ struct op_traits<ops::copy> {
   static constexpr op_category category = op_category::compute;
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
   static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 2);
     CCGRAPH_CHECK(broadcast_shapes(in[0].shape, in[1].shape, "copy_") == in[0].shape, "copy_: source of shape ",

@@ -17,7 +17,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <ccgraph/core/device.hpp>
 #include <ccgraph/core/dtype.hpp>
+#include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/tensor/any_tensor.hpp>
@@ -111,6 +113,20 @@ struct run_args {
   ccgraph::device dev;
 };
 
+/// How a compute or pointwise op runs on a device tensor.
+enum class device_path : std::uint8_t {
+  in_run,     // run() handles device tensors itself, through the device runtime (GEMM, copies) or
+              // the generated pointwise kernels
+  cuda_impl,  // a `cuda_impl<O>` in the op's .cuh, reached only through <ccgraph/cuda.hpp>, which
+              // installs it; host code calls it through detail::run_op
+};
+
+/// An op's CUDA run (device_path::cuda_impl): `static std::vector<any_tensor> run(const O&, const
+/// run_args&)`, same contract as op_traits<O>::run on device tensors. Specialised in the op's
+/// .cuh; <ccgraph/cuda.hpp> static_asserts that every such op of the closed set has one.
+template <class O>
+struct cuda_impl;
+
 /// The value of a gradient or sharding slot that a later issue fills: `reason` says which.
 struct gradient_todo {
   static constexpr std::string_view reason = "issue 15 (autograd) gives each op its gradient rule";
@@ -166,6 +182,14 @@ concept op_has_run = requires(const O& o, const run_args& a) {
 template <class O>
 concept op_has_run_cpu_collective = requires(const O& o, const cpu_member_archetype& m) {
   { op_traits<O>::run_cpu(o, m) } -> std::same_as<void>;
+};
+template <class O>
+concept op_has_device_path = requires {
+  { op_traits<O>::device } -> std::convertible_to<device_path>;
+};
+template <class O>
+concept op_has_cuda_impl = requires(const O& o, const run_args& a) {
+  { cuda_impl<O>::run(o, a) } -> std::same_as<std::vector<any_tensor>>;
 };
 template <class O>
 concept op_has_cost = requires(const O& o, const cost_args& a) {
@@ -225,6 +249,15 @@ constexpr void require_run() {
   CCGRAPH_OP_REQUIRE("run", op_has_run<O>);
 }
 template <class O>
+constexpr void require_device_path() {
+  CCGRAPH_OP_REQUIRE("device (its device_path: in_run or cuda_impl)", op_has_device_path<O>);
+}
+template <class O>
+constexpr void require_cuda_impl() {
+  CCGRAPH_OP_REQUIRE("cuda_impl<O>::run (its device path is cuda_impl; define it in the op's .cuh)",
+                     op_has_cuda_impl<O>);
+}
+template <class O>
 constexpr void require_run_cpu_collective() {
   CCGRAPH_OP_REQUIRE("run_cpu (a collective's CPU backend)", op_has_run_cpu_collective<O>);
 }
@@ -275,6 +308,7 @@ constexpr bool check_op() {
         require_apply_view<O>();
       } else if constexpr (c != op_category::input && c != op_category::output) {
         require_run<O>();
+        if constexpr (c == op_category::compute || c == op_category::pointwise) require_device_path<O>();
       }
     }
   }
@@ -282,6 +316,30 @@ constexpr bool check_op() {
 }
 
 #undef CCGRAPH_OP_REQUIRE
+
+/// Where a cuda_impl op's CUDA run is installed (by <ccgraph/cuda.hpp>, at static
+/// initialisation of any translation unit that includes it); null in a host-only program.
+template <class O>
+inline std::vector<any_tensor> (*device_run_slot)(const O&, const run_args&) = nullptr;
+
+/// Runs a compute op: its CUDA run for device tensors when its device path is cuda_impl, else
+/// op_traits<O>::run. Eager calls and both executors call this, never traits::run directly.
+template <class O>
+std::vector<any_tensor> run_op(const O& o, const run_args& a) {
+  require_run<O>();
+  if constexpr (op_has_device_path<O>) {
+    if constexpr (op_traits<O>::device == device_path::cuda_impl) {
+      if (!a.dev.is_cpu()) {
+        const auto f = device_run_slot<O>;
+        CCGRAPH_CHECK(f != nullptr, O::name, ": tensor on ", a.dev,
+                      " but no CUDA kernel is installed for it; include <ccgraph/cuda.hpp> in a "
+                      "translation unit compiled by nvcc and link ccgraph::cuda");
+        return f(o, a);
+      }
+    }
+  }
+  return op_traits<O>::run(o, a);
+}
 
 /// How an op applies to values of type V: specialised for tensors (ops/compute_ops.hpp: infer,
 /// then apply_view or run) and for traced values (trace/symbolic.hpp: records the node).

@@ -502,8 +502,7 @@ class executor {
         ::ccgraph::detail::require_apply_view<O>();
         return ops::detail::run_view(o, run_args{in, outs, n.metas(), ctx_->device()});
       } else {
-        ::ccgraph::detail::require_run<O>();
-        return traits::run(o, run_args{in, outs, n.metas(), ctx_->device()});
+        return ::ccgraph::detail::run_op(o, run_args{in, outs, n.metas(), ctx_->device()});
       }
     });
   }

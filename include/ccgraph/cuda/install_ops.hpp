@@ -1,0 +1,36 @@
+// ccgraph/cuda/install_ops.hpp: installs the CUDA run of every op whose device path is
+// cuda_impl (ops/op_traits.hpp) into the slot host code calls for device tensors, and fails to
+// compile, naming the behaviour, when such an op has no cuda_impl. <ccgraph/cuda.hpp> includes it
+// after every op's .cuh, in translation units compiled by nvcc; it holds no CUDA code itself.
+#pragma once
+
+#include <variant>
+
+#include <ccgraph/ir/node_op.hpp>
+
+namespace ccgraph::cuda::detail {
+
+/// Installs op O's CUDA run when its device path is cuda_impl.
+template <class O>
+bool install_device_run() {
+  if constexpr (::ccgraph::detail::op_has_device_path<O>) {
+    if constexpr (op_traits<O>::device == device_path::cuda_impl) {
+      ::ccgraph::detail::require_cuda_impl<O>();
+      if constexpr (::ccgraph::detail::op_has_cuda_impl<O>)
+        ::ccgraph::detail::device_run_slot<O> = &::ccgraph::cuda_impl<O>::run;
+    }
+  }
+  return true;
+}
+
+/// Installs the CUDA runs of every op of a closed set.
+template <class... Os>
+bool install_device_runs(const std::variant<Os...>*) {
+  return (install_device_run<Os>() && ...);
+}
+
+/// Done at static initialisation of every translation unit that includes <ccgraph/cuda.hpp>
+/// under nvcc (each writes the same pointers), so a device tensor reaching an op's run finds it.
+inline const bool device_runs_installed = install_device_runs(static_cast<const node_op*>(nullptr));
+
+}  // namespace ccgraph::cuda::detail
