@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -162,6 +163,41 @@ struct op_apply<symbolic<T>> {
     return symbolic<T>(st, {n, 0});
   }
 };
+
+/// Records op `o` on traced inputs and returns its outputs (their metas, and errors, from
+/// op_traits<O>::infer).
+template <class O>
+std::vector<value_ref> record_op_erased(const O& o, trace_state* st, const std::vector<value_ref>& args) {
+  CCGRAPH_CHECK(st != nullptr, O::name, ": a symbolic value used outside of cg::trace");
+  node_op op = o;
+  node* n = st->g.add(std::move(op), args, {}, O::name);
+  std::vector<value_ref> outs;
+  for (int k = 0; k < n->num_outputs(); ++k) outs.push_back({n, k});
+  return outs;
+}
+
+/// The traced form of apply_op_n (ops/compute_ops.hpp): records one node with the outputs Rs....
+template <class... Rs, class O, class T0, class... Ts>
+std::tuple<symbolic<Rs>...> apply_op_n(const O& o, const symbolic<T0>& x0, const symbolic<Ts>&... xs) {
+  const std::vector<value_ref> outs = record_op_erased(o, x0.state(), {x0.ref(), xs.ref()...});
+  CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
+                outs.size());
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::tuple<symbolic<Rs>...>{symbolic<Rs>(x0.state(), outs[I])...};
+  }(std::index_sequence_for<Rs...>{});
+}
+
+/// The traced form of apply_op_list.
+template <class R, class O, class T>
+std::vector<symbolic<R>> apply_op_list(const O& o, const std::vector<symbolic<T>>& xs) {
+  CCGRAPH_CHECK(!xs.empty(), O::name, ": expected a non-empty list of tensors");
+  std::vector<value_ref> args;
+  args.reserve(xs.size());
+  for (const auto& x : xs) args.push_back(x.ref());
+  std::vector<symbolic<R>> r;
+  for (const auto& v : record_op_erased(o, xs[0].state(), args)) r.emplace_back(xs[0].state(), v);
+  return r;
+}
 }  // namespace detail
 
 }  // namespace ccgraph
