@@ -1,6 +1,8 @@
 // ccgraph/ccgraph.hpp: everything that runs on the host: tensors, pointwise expressions, CPU
 // compute, groups, the functional collectives, tracing into graphs, the graph IR and executor,
 // and the threads backend. Never includes a CUDA header; <ccgraph/cuda.hpp> adds the GPU backend.
+// The rendezvous stores (tcp_store, file_store: sockets and files, which a threads program never
+// needs) are <ccgraph/runtime/store.hpp>, included by <ccgraph/cuda.hpp>.
 #pragma once
 
 #include <ccgraph/core/config.hpp>
@@ -45,5 +47,4 @@
 #include <ccgraph/runtime/cpu_collectives.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
-#include <ccgraph/runtime/store.hpp>
 #include <ccgraph/runtime/threads.hpp>

@@ -30,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/env.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/timeout.hpp>
@@ -514,7 +515,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   ::ccgraph::detail::work_ptr launch(std::shared_ptr<::ccgraph::detail::collective_request> req) override {
     fail_if_aborted();
     req->rank = rank_;
-    const char* what = std::visit([](const auto& o) { return o.name.data(); }, req->op);
+    const char* what = ::ccgraph::detail::visit([](const auto& o) { return o.name.data(); }, req->op);
     // A copy-engine all_reduce always runs on the communication stream: the channel's flags
     // need one order of its all_reduces on each rank, and two streams could run them at once.
     const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
@@ -858,7 +859,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// Enqueues the NCCL calls of `req` on stream `s` (inside a group when there are several):
   /// nccl_impl<O>::issue per tensor or issue_request per request (cuda/nccl_ops.hpp).
   void issue(const ::ccgraph::detail::collective_request& req, ncclComm_t c, cudaStream_t s, const char* what) {
-    std::visit(
+    ::ccgraph::detail::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
           detail::nccl_issue<O>(o, req, c, s, what);

@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
@@ -260,7 +261,7 @@ static_assert(check_nccl_ops(static_cast<const ops::collective_op*>(nullptr)));
 
 /// True when one tensor of collective `op` already takes several NCCL calls (a group).
 inline bool nccl_always_grouped(const ops::collective_op& op) {
-  return std::visit([](const auto& o) { return nccl_impl<std::decay_t<decltype(o)>>::grouped; }, op);
+  return ::ccgraph::detail::visit([](const auto& o) { return nccl_impl<std::decay_t<decltype(o)>>::grouped; }, op);
 }
 
 }  // namespace ccgraph::cuda::detail

@@ -13,6 +13,7 @@
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/second.hpp>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ir/print.hpp>
 
@@ -78,7 +79,7 @@ inline std::uint64_t structural_hash(const graph& g) {
   detail::hasher h;
   for (const node* n : g.nodes()) {
     h.add(n->op());
-    std::visit(
+    ::ccgraph::detail::visit(
         [&](const auto& o) {
           boost::hana::for_each(boost::hana::accessors<std::decay_t<decltype(o)>>(),
                                 [&](auto acc) { h.add(boost::hana::second(acc)(o)); });
@@ -117,7 +118,7 @@ inline bool structurally_equal(const graph& a, const graph& b) {
       const value_ref& v = y.args()[k];
       if (u.index != v.index || a.position(u.src) != b.position(v.src)) return false;
     }
-    const bool same_attributes = std::visit(
+    const bool same_attributes = ::ccgraph::detail::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
           return bool(boost::hana::equal(o, std::get<O>(y.kind())));

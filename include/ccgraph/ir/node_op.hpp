@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/ops/squeeze.hpp>
@@ -47,7 +48,7 @@ static_assert(check_ops(static_cast<const ops::collective_op*>(nullptr)));
 /// reads op_traits<O>, so it has no default branch.
 template <class F>
 decltype(auto) visit_op(const node_op& op, F&& f) {
-  return std::visit(std::forward<F>(f), op);
+  return ::ccgraph::detail::visit(std::forward<F>(f), op);
 }
 
 /// True for op types that are collectives.
@@ -111,7 +112,7 @@ inline std::optional<ops::collective_op> as_collective(const node_op& op) {
 
 /// A collective as a node op.
 inline node_op to_node_op(const ops::collective_op& c) {
-  return std::visit([](const auto& o) { return node_op(o); }, c);
+  return ::ccgraph::detail::visit([](const auto& o) { return node_op(o); }, c);
 }
 
 /// Output metas of `op` on inputs `in` (`group` for collectives), validating with the same

@@ -13,6 +13,7 @@
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/second.hpp>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/ir/graph.hpp>
 
 namespace ccgraph {
@@ -49,7 +50,7 @@ inline std::string call_str(const node& n) {
     if (!first) os << ", ";
     first = false;
   };
-  std::visit(
+  ::ccgraph::detail::visit(
       [&](const auto& o) {
         using O = std::decay_t<decltype(o)>;
         if constexpr (op_traits<O>::category == op_category::pointwise) {  // printed as its fused chain

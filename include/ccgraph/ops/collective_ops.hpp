@@ -22,6 +22,7 @@
 #include <boost/hana/first.hpp>
 #include <boost/hana/size.hpp>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
@@ -554,7 +555,7 @@ namespace ccgraph::ops {
 /// messages for eager calls, backends and traced graphs (op_traits<O>::infer).
 inline std::vector<tensor_meta> infer(const collective_op& op, const std::vector<tensor_meta>& in,
                                       const group_info& g) {
-  return std::visit(
+  return ::ccgraph::detail::visit(
       [&](const auto& o) {
         using O = std::decay_t<decltype(o)>;
         ::ccgraph::detail::require_infer<O>();
@@ -565,7 +566,7 @@ inline std::vector<tensor_meta> infer(const collective_op& op, const std::vector
 
 /// The op's name ("all_reduce", ...).
 inline std::string_view name_of(const collective_op& op) {
-  return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::name; }, op);
+  return ::ccgraph::detail::visit([](const auto& o) { return std::decay_t<decltype(o)>::name; }, op);
 }
 
 /// Call-shaped text for messages: "all_reduce(f32[4, 4], op=sum, group=[0, 1])". Attributes are
@@ -573,7 +574,7 @@ inline std::string_view name_of(const collective_op& op) {
 inline std::string describe(const collective_op& op, const std::vector<tensor_meta>& in,
                             const group_info& g) {
   std::ostringstream os;
-  std::visit(
+  ::ccgraph::detail::visit(
       [&](const auto& o) {
         os << std::decay_t<decltype(o)>::name << '(';
         for (std::size_t i = 0; i < in.size(); ++i) os << (i ? ", " : "") << in[i].str();
@@ -615,7 +616,7 @@ struct signature {
   friend bool operator==(const signature& a, const signature& b) {
     if (a.op.index() != b.op.index() || a.ranks != b.ranks || a.tag != b.tag || a.inputs != b.inputs)
       return false;
-    return std::visit(
+    return ::ccgraph::detail::visit(
         [&](const auto& x) {
           return bool(boost::hana::equal(x, std::get<std::decay_t<decltype(x)>>(b.op)));
         },

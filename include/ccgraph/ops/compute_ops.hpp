@@ -15,6 +15,7 @@
 
 #include <boost/hana/define_struct.hpp>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/ops/matmul.hpp>
@@ -48,7 +49,7 @@ struct pointwise_kernel {
   /// shares no byte with the inputs). By default evaluates into a new tensor and copies.
   virtual void run_into(const std::vector<any_tensor>& inputs, const any_tensor& out) const {
     const any_tensor r = run(inputs);
-    std::visit(
+    ::ccgraph::detail::visit(
         [&](const auto& o) {
           using X = std::decay_t<decltype(o)>;
           auto dst = o;
@@ -248,7 +249,7 @@ std::vector<any_tensor> apply_op_erased(const O& o, const std::vector<any_tensor
   in.reserve(ins.size());
   for (const auto& t : ins) in.push_back(meta_of(t));
   const std::vector<tensor_meta> metas = traits::infer(o, in, infer_ctx{});
-  const device dev = ins.empty() ? default_device() : std::visit([](const auto& t) { return t.device(); }, ins[0]);
+  const device dev = ins.empty() ? default_device() : ::ccgraph::detail::visit([](const auto& t) { return t.device(); }, ins[0]);
   const std::vector<any_tensor> none;
   return run_op(o, run_args{ins, none, metas, dev});
 }
@@ -279,6 +280,9 @@ std::vector<tensor<R>> apply_op_list(const O& o, const std::vector<tensor<T>>& x
 }  // namespace detail
 
 // ---- the traits of each non-collective op ----
+// `run` is a member template (Args is always run_args) so that its kernels are compiled only in
+// the translation units whose executors or eager calls use the op, not in every one that
+// includes the umbrella header.
 
 template <>
 struct op_traits<ops::placeholder> {
@@ -314,8 +318,9 @@ struct op_traits<ops::wait_tensor> {
     ops::detail::expect_inputs(O::name, in, 1);
     return {in[0]};
   }
-  static std::vector<any_tensor> run(const O&, const run_args& a) {
-    std::visit([](const auto& t) { t.wait(); }, a.in.at(0));
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O&, const Args& a) {
+    ::ccgraph::detail::visit([](const auto& t) { t.wait(); }, a.in.at(0));
     return {a.in[0]};
   }
   static op_cost cost(const O&, const cost_args&) { return op_cost::none(); }
@@ -336,7 +341,8 @@ struct op_traits<ops::matmul> {
     CCGRAPH_CHECK(in[0].dtype != dtype::boolean, "matmul: bool tensors are not supported");
     return {{in[0].dtype, detail::matmul_shape(in[0].shape, in[1].shape)}};
   }
-  static std::vector<any_tensor> run(const O&, const run_args& a) {
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O&, const Args& a) {
     return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       if constexpr (std::is_same_v<T, bool>) {
@@ -381,7 +387,8 @@ struct op_traits<ops::pointwise> {
     return {{o.kernel ? o.kernel->result_dtype(in[0].dtype) : in[0].dtype, s}};
   }
   /// The recorded expression (the same one-loop code eager evaluation runs).
-  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O& o, const Args& a) {
     CCGRAPH_CHECK(o.kernel != nullptr, "pointwise: node ", o.fused, " has no kernel");
     if (a.outs.empty()) return {o.kernel->run(a.in)};
     o.kernel->run_into(a.in, a.outs[0]);
@@ -413,7 +420,8 @@ struct op_traits<ops::cat> {
     shape_t out = detail::cat_shape(shapes, o.dim);  // first: it rejects an empty list
     return {{in.front().dtype, std::move(out)}};
   }
-  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O& o, const Args& a) {
     return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       std::vector<tensor<T>> xs;
@@ -443,7 +451,8 @@ struct op_traits<ops::repeat> {
     ops::detail::expect_inputs(O::name, in, 1);
     return {{in[0].dtype, tensor<float>::repeat_shape(in[0].shape, o.repeats)}};
   }
-  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O& o, const Args& a) {
     return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       const auto& x = get_tensor<T>(a.in.at(0), "repeat");
@@ -473,7 +482,8 @@ struct op_traits<ops::copy> {
                   shape_str(in[1].shape), " cannot be broadcast to destination shape ", shape_str(in[0].shape));
     return {in[0]};
   }
-  static std::vector<any_tensor> run(const O&, const run_args& a) {
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O&, const Args& a) {
     return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       auto r = ops::detail::out_or_new<T>(O::name, a);

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
@@ -192,7 +193,7 @@ inline void run_cpu_collective(const collective_request& mine,
   // A receive has no input: its output's dtype is the transfer's.
   visit_dtype((mine.inputs.empty() ? mine.outputs.at(0) : mine.inputs[0]).meta.dtype, [&](auto tag) {
     const cpu_member<decltype(tag)> m{mine, all, me};
-    std::visit(
+    ::ccgraph::detail::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
           require_run_cpu_collective<O>();

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ops/collectives.hpp>
@@ -77,7 +78,7 @@ struct captured_graph {
 
 /// A new contiguous tensor with `t`'s meta on `dev`.
 inline any_tensor empty_like(const any_tensor& t, device dev) {
-  return std::visit([&](const auto& x) -> any_tensor {
+  return ::ccgraph::detail::visit([&](const auto& x) -> any_tensor {
     using T = typename std::decay_t<decltype(x)>::value_type;
     return tensor<T>::empty(x.shape(), dev);
   }, t);
@@ -85,7 +86,7 @@ inline any_tensor empty_like(const any_tensor& t, device dev) {
 
 /// dst.copy_(src) for type-erased tensors of one dtype.
 inline void copy_any(const any_tensor& dst, const any_tensor& src) {
-  std::visit([&](const auto& d) {
+  ::ccgraph::detail::visit([&](const auto& d) {
     using X = std::decay_t<decltype(d)>;
     X(d).copy_(std::get<X>(src));
   }, dst);
@@ -156,10 +157,13 @@ inline std::vector<overlap_hint> collective_overlaps(const graph& g) {
 }  // namespace detail
 
 /// A graph made runnable on one rank: an interpreter over its nodes in order, releasing each
-/// value after its last reader; with a memory plan, over one arena of planned buffers.
-class executor {
+/// value after its last reader; with a memory plan, over one arena of planned buffers. Use it as
+/// `executor`: the template parameter only defers compiling its code (which visits every op and
+/// instantiates their kernels) to the translation units that use it.
+template <class Unused = void>
+class basic_executor {
  public:
-  executor(graph g, rank_context& ctx, compile_options opt = {}) : g_(std::move(g)), ctx_(&ctx) {
+  basic_executor(graph g, rank_context& ctx, compile_options opt = {}) : g_(std::move(g)), ctx_(&ctx) {
     CCGRAPH_CHECK(!opt.cuda_graph || ctx.device().is_cuda(),
                   "compile: cuda_graph = true needs a CUDA rank (cg::cuda::run_gpus), but rank ",
                   ctx.rank(), " runs on ", ctx.device());
@@ -268,7 +272,7 @@ class executor {
  private:
   /// The same view of the same memory.
   static bool same_tensor(const any_tensor& x, const any_tensor& y) {
-    return x.index() == y.index() && std::visit(
+    return x.index() == y.index() && ::ccgraph::detail::visit(
                                          [&](const auto& a) {
                                            using X = std::decay_t<decltype(a)>;
                                            const X& b = std::get<X>(y);
@@ -301,7 +305,7 @@ class executor {
     }
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (same[i])
-        std::visit([](const auto& x) { x.wait(); }, inputs[i]);  // a collective may still write it
+        ::ccgraph::detail::visit([](const auto& x) { x.wait(); }, inputs[i]);  // a collective may still write it
       else
         detail::copy_any(cg.inputs[i], inputs[i]);
     }
@@ -322,7 +326,7 @@ class executor {
 
   /// True when `t` is a finished result that lives in `arena` (so it need not be copied out).
   static bool in_arena(const any_tensor& t, const std::shared_ptr<detail::storage>& arena) {
-    return arena && std::visit([&](const auto& x) { return x.storage() == arena && !x.pending_work(); }, t);
+    return arena && ::ccgraph::detail::visit([&](const auto& x) { return x.storage() == arena && !x.pending_work(); }, t);
   }
 
   /// Records one run of the graph on `inputs` into a CUDA Graph: bound by pointer, except those
@@ -334,7 +338,7 @@ class executor {
     const detail::device_runtime& rt = detail::require_device_runtime("compile(cuda_graph)", cg->dev);
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const any_tensor& t = inputs[i];
-      const bool bindable = std::visit([&](const auto& x) { return x.device() == cg->dev && !x.pending_work(); }, t);
+      const bool bindable = ::ccgraph::detail::visit([&](const auto& x) { return x.device() == cg->dev && !x.pending_work(); }, t);
       cg->bound.push_back(bindable && !copied[i]);
       if (cg->bound.back()) {
         cg->inputs.push_back(t);
@@ -412,7 +416,7 @@ class executor {
           }
       env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
       if (plan_ && n->is_collective() && !env[i].empty())  // a batch of sends only was waited
-        std::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
+        ::ccgraph::detail::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
       for (auto& a : n->args()) {
         const std::size_t p = g_.position(a.src);
         if (last_use_[p] == i) env[p].clear();
@@ -521,6 +525,9 @@ class executor {
   std::shared_ptr<detail::arena_cache> cache_;
 };
 
+/// See basic_executor.
+using executor = basic_executor<>;
+
 namespace detail {
 template <class R>
 struct unflatten;
@@ -572,9 +579,11 @@ compiled_graph<R, Ts...> compile(const typed_graph<R, Ts...>& g, rank_context& c
   return compiled_graph<R, Ts...>(g, ctx, opt);
 }
 
-/// Compiles an untyped graph; run it with executor::run.
-inline executor compile(const graph& g, rank_context& ctx, compile_options opt = {}) {
-  return executor(g, ctx, opt);
+/// Compiles an untyped graph; run it with executor::run. (A template, like basic_executor, only
+/// so that it is compiled where it is used.)
+template <class Unused = void>
+basic_executor<Unused> compile(const graph& g, rank_context& ctx, compile_options opt = {}) {
+  return basic_executor<Unused>(g, ctx, opt);
 }
 
 }  // namespace ccgraph

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
@@ -30,7 +31,7 @@ namespace detail {
 /// The coalesced family a collective merges into (op_traits<O>::family): none for collectives
 /// that never merge.
 inline bucket_family bucket_family_of(const ops::collective_op& c) {
-  return std::visit(
+  return ::ccgraph::detail::visit(
       [](const auto& o) {
         using O = std::decay_t<decltype(o)>;
         require_bucketing<O>();
@@ -41,7 +42,7 @@ inline bucket_family bucket_family_of(const ops::collective_op& c) {
 
 /// The reduce op of a reducing collective (op_traits<O>::reduce), nullopt for the others.
 inline std::optional<reduce_op> reduce_op_of(const ops::collective_op& c) {
-  return std::visit(
+  return ::ccgraph::detail::visit(
       [](const auto& o) {
         using O = std::decay_t<decltype(o)>;
         require_bucketing<O>();
@@ -81,7 +82,7 @@ inline bool bucket_compatible(const node& a, const node& b) {
 /// The coalesced collective a bucket led by `first` becomes.
 inline node_op coalesced_op_for(const node& first) {
   const int n = first.group()->size();
-  return std::visit(
+  return ::ccgraph::detail::visit(
       [&](const auto& o) -> node_op {
         using O = std::decay_t<decltype(o)>;
         if constexpr (op_traits<O>::family != bucket_family::none) {

@@ -33,6 +33,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/ir/graph.hpp>
@@ -662,7 +663,7 @@ struct cost_model {
   /// model of the NCCL collective op_traits<O>::cost names. Coalesced ops are one launch moving
   /// the sum of their tensors. A collective's cost reads its inputs and the group size only.
   double collective_us(const ops::collective_op& op, const std::vector<tensor_meta>& inputs, int group_size) const {
-    return std::visit(
+    return ::ccgraph::detail::visit(
         [&](const auto& o) {
           using O = std::decay_t<decltype(o)>;
           ::ccgraph::detail::require_cost<O>();

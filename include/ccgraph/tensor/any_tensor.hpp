@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <variant>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -18,7 +19,7 @@ using any_tensor = std::variant<tensor<float>, tensor<double>, tensor<std::int32
 
 /// Element type and shape of `t`.
 inline tensor_meta meta_of(const any_tensor& t) {
-  return std::visit([](const auto& x) { return tensor_meta{x.dtype(), x.shape()}; }, t);
+  return ::ccgraph::detail::visit([](const auto& x) { return tensor_meta{x.dtype(), x.shape()}; }, t);
 }
 
 /// The tensor<T> inside `t`; a different element type is an error naming both.

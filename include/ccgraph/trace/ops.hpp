@@ -20,6 +20,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/visit.hpp>
 #include <ccgraph/expr/expr.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ops/collectives.hpp>
@@ -161,11 +162,11 @@ struct basic_pointwise_program {
     const tensor_meta rm = meta_of(result);
     CCGRAPH_CHECK(rm.shape == shape, "pointwise: output of shape ", shape_str(rm.shape), " for a result of shape ",
                   shape_str(shape));
-    const bool contiguous = std::visit([](const auto& t) { return t.is_contiguous(); }, result);
+    const bool contiguous = ::ccgraph::detail::visit([](const auto& t) { return t.is_contiguous(); }, result);
     if (!contiguous) {
       const any_tensor tmp = empty_like_meta(rm);
       run_into(inputs, tmp, draws);
-      std::visit([&](const auto& o) {
+      ::ccgraph::detail::visit([&](const auto& o) {
         auto dst = o;
         dst.copy_(std::get<std::decay_t<decltype(o)>>(tmp));
       }, result);
@@ -185,13 +186,13 @@ struct basic_pointwise_program {
         keep.emplace_back(std::move(e));
       }
     };
-    for (auto& t : inputs) std::visit(flatten, t);
+    for (auto& t : inputs) ::ccgraph::detail::visit(flatten, t);
     // A random operand of another shape is drawn whole, then broadcast like an input.
     std::vector<const unsigned char*> rand_ptr(randoms.size(), nullptr);
     for (std::size_t r = 0; r < randoms.size(); ++r) {
       if (randoms[r]->shape == shape) continue;
       const any_tensor own = empty_like_meta({randoms[r]->type(), randoms[r]->shape});
-      std::visit([&](const auto& t) {
+      ::ccgraph::detail::visit([&](const auto& t) {
         randoms[r]->fill(t.data(), draws.at(r), 0, t.numel());
         const std::size_t before = in_ptr.size();
         flatten(t);
@@ -200,7 +201,7 @@ struct basic_pointwise_program {
       }, own);
     }
     const std::int64_t n = numel_of(shape);
-    unsigned char* out = std::visit([](const auto& t) { return reinterpret_cast<unsigned char*>(t.data()); }, result);
+    unsigned char* out = ::ccgraph::detail::visit([](const auto& t) { return reinterpret_cast<unsigned char*>(t.data()); }, result);
     std::vector<std::uint64_t> regs(code.size() * static_cast<std::size_t>(block));  // 8 bytes per element
     auto reg = [&](std::size_t k) { return reinterpret_cast<unsigned char*>(regs.data() + k * block); };
     for (std::int64_t base = 0; base < n; base += block) {
@@ -624,7 +625,7 @@ struct traced_pointwise_kernel final : pointwise_kernel {
     random_shape.resize(NR);
   }
   any_tensor run(const std::vector<any_tensor>& inputs) const override {
-    const device dev = std::visit([](const auto& t) { return t.device(); }, inputs.at(0));
+    const device dev = ::ccgraph::detail::visit([](const auto& t) { return t.device(); }, inputs.at(0));
     any_tensor out = tensor<T>::empty(program.result_shape(inputs), dev);
     run_into(inputs, out);
     return out;
@@ -659,7 +660,7 @@ struct traced_pointwise_kernel final : pointwise_kernel {
     strides[0] = out.strides();
     for (std::size_t j = 0; j < M; ++j) {
       if (j < ins.size()) {
-        std::visit([&](const auto& t) {
+        ::ccgraph::detail::visit([&](const auto& t) {
           CCGRAPH_CHECK(t.device() == out.device(), "pointwise: input ", j, " on ", t.device(),
                         " but the result is on ", out.device());
           strides[j + 1] = std::decay_t<decltype(t)>::detail_broadcast_strides(t, out.shape());
