@@ -29,6 +29,7 @@
 #include <ccgraph/ops/matmul.hpp>
 #include <ccgraph/ops/pointwise.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
+#include <ccgraph/ops/user_op.hpp>
 
 #include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/tensor/any_tensor.hpp>
@@ -44,7 +45,9 @@
 #include <ccgraph/trace/trace_state.hpp>
 
 #include <ccgraph/runtime/communicator.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 #include <ccgraph/runtime/cpu_collectives.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
+#include <ccgraph/schedule/schedule.hpp>

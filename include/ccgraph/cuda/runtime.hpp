@@ -230,9 +230,14 @@ inline void destroy_graph(void* graph) {
   if (graph) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
 }
 
+inline void* stream_entry(device dev) {
+  (void)dev;  // one current stream per thread, whichever device it runs on
+  return static_cast<void*>(current_stream());
+}
+
 inline const ::ccgraph::detail::device_runtime runtime_table{
     &allocate, &deallocate, &copy, &synchronize, &gemm_entry, &capture_begin, &capture_end, &replay,
-    &destroy_graph, &gemm_batched_entry};
+    &destroy_graph, &gemm_batched_entry, &stream_entry};
 
 /// Installs the CUDA runtime for device tensors (at static initialisation of every translation
 /// unit that includes this header; idempotent).

@@ -12,6 +12,7 @@
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/ops/squeeze.hpp>
+#include <ccgraph/ops/user_op.hpp>
 
 namespace ccgraph {
 
@@ -26,7 +27,9 @@ using node_op = std::variant<
     ops::matmul, ops::pointwise, ops::cat, ops::repeat, ops::copy,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
-    ops::contiguous, ops::squeeze>;
+    ops::contiguous, ops::squeeze,
+    // a user's op (ops/user_op.hpp)
+    ops::user>;
 
 namespace detail {
 template <class O, class V>

@@ -25,6 +25,11 @@ inline void print_attr_value(std::ostream& os, std::int64_t v) { os << v; }
 inline void print_attr_value(std::ostream& os, reduce_op v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::string& v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::vector<std::int64_t>& v) { os << list_str(v); }
+inline void print_attr_value(std::ostream& os, const std::vector<double>& v) {
+  os << '[';
+  for (std::size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << ']';
+}
 inline void print_attr_value(std::ostream& os, const std::vector<ops::p2p_desc>& v) { ops::detail::print_attr(os, v); }
 
 /// "%name" or "%name.i" for output i of a multi-output node.
@@ -58,6 +63,10 @@ inline std::string call_str(const node& n) {
           for (auto& a : n.args()) sep(), os << ref_str(a);
           sep();
           os << "expr=" << o.expr;
+        } else if constexpr (std::is_same_v<O, ops::user>) {  // printed under its registered name
+          os << o.op << '(';
+          for (auto& a : n.args()) sep(), os << ref_str(a);
+          if (!o.attrs.empty()) sep(), os << "attrs=", print_attr_value(os, o.attrs);
         } else {
           os << O::name << '(';
           for (auto& a : n.args()) sep(), os << ref_str(a);

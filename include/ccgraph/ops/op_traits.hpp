@@ -354,6 +354,25 @@ V apply_op(const O& o, const V& x, const Vs&... xs) {
   return op_apply<V>::apply(o, x, xs...);
 }
 
+/// apply_op for ops with `sizeof...(Rs)` outputs of element types Rs... and inputs of any element
+/// types (all tensors, or all traced values): `auto [values, indices] =
+/// detail::apply_op_n<T, std::int64_t>(ops::max_dim{...}, x);` runs the op (infer, then run_op) or
+/// records one node. Dispatched through op_apply<V> like apply_op, so an op header needs neither
+/// the tensor nor the tracing side.
+template <class... Rs, class O, class V, class... Vs>
+auto apply_op_n(const O& o, const V& x, const Vs&... xs) {
+  require_traits<O>();
+  return op_apply<V>::template apply_n<Rs...>(o, x, xs...);
+}
+
+/// apply_op for ops over a list of inputs of one element type giving a list of outputs of type R
+/// (cat, stack, split), eager or traced.
+template <class R, class O, class V>
+auto apply_op_list(const O& o, const std::vector<V>& xs) {
+  require_traits<O>();
+  return op_apply<V>::template apply_list<R>(o, xs);
+}
+
 }  // namespace detail
 
 /// The op's name: "all_reduce", "matmul", ...

@@ -75,6 +75,9 @@ struct device_runtime {
                        std::int64_t lda, bool ta, const void* b, std::int64_t ldb, bool tb, void* c,
                        std::int64_t ldc, std::int64_t batch, std::int64_t stride_a, std::int64_t stride_b,
                        std::int64_t stride_c);
+  /// The calling thread's current stream for `dev` (a cudaStream_t), where every call above and
+  /// every ccgraph kernel is queued: what a user op's CUDA callable launches on (ops/user_op.hpp).
+  void* (*stream)(device dev);
 };
 
 /// The installed device runtime, or null (host-only program).

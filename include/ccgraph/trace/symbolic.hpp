@@ -162,6 +162,12 @@ struct op_apply<symbolic<T>> {
     node* n = st->g.add(std::move(op), {x.ref(), xs.ref()...}, {}, O::name);
     return symbolic<T>(st, {n, 0});
   }
+  /// See detail::apply_op_n (ops/op_traits.hpp): one node with the outputs Rs....
+  template <class... Rs, class O, class... Ts>
+  static std::tuple<symbolic<Rs>...> apply_n(const O& o, const symbolic<T>& x, const symbolic<Ts>&... xs);
+  /// See detail::apply_op_list (ops/op_traits.hpp).
+  template <class R, class O>
+  static std::vector<symbolic<R>> apply_list(const O& o, const std::vector<symbolic<T>>& xs);
 };
 
 /// Records op `o` on traced inputs and returns its outputs (their metas, and errors, from
@@ -169,27 +175,31 @@ struct op_apply<symbolic<T>> {
 template <class O>
 std::vector<value_ref> record_op_erased(const O& o, trace_state* st, const std::vector<value_ref>& args) {
   CCGRAPH_CHECK(st != nullptr, O::name, ": a symbolic value used outside of cg::trace");
+  // A user op's nodes are named after it ("mylib::swiglu" gives %swiglu).
+  std::string_view hint = O::name;
+  if constexpr (std::is_same_v<O, ops::user>) hint = std::string_view(o.op).substr(std::string_view(o.op).rfind(':') + 1);
   node_op op = o;
-  node* n = st->g.add(std::move(op), args, {}, O::name);
+  node* n = st->g.add(std::move(op), args, {}, hint);
   std::vector<value_ref> outs;
   for (int k = 0; k < n->num_outputs(); ++k) outs.push_back({n, k});
   return outs;
 }
 
-/// The traced form of apply_op_n (ops/compute_ops.hpp): records one node with the outputs Rs....
-template <class... Rs, class O, class T0, class... Ts>
-std::tuple<symbolic<Rs>...> apply_op_n(const O& o, const symbolic<T0>& x0, const symbolic<Ts>&... xs) {
-  const std::vector<value_ref> outs = record_op_erased(o, x0.state(), {x0.ref(), xs.ref()...});
+
+template <class T>
+template <class... Rs, class O, class... Ts>
+std::tuple<symbolic<Rs>...> op_apply<symbolic<T>>::apply_n(const O& o, const symbolic<T>& x, const symbolic<Ts>&... xs) {
+  const std::vector<value_ref> outs = record_op_erased(o, x.state(), {x.ref(), xs.ref()...});
   CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
                 outs.size());
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return std::tuple<symbolic<Rs>...>{symbolic<Rs>(x0.state(), outs[I])...};
+    return std::tuple<symbolic<Rs>...>{symbolic<Rs>(x.state(), outs[I])...};
   }(std::index_sequence_for<Rs...>{});
 }
 
-/// The traced form of apply_op_list.
-template <class R, class O, class T>
-std::vector<symbolic<R>> apply_op_list(const O& o, const std::vector<symbolic<T>>& xs) {
+template <class T>
+template <class R, class O>
+std::vector<symbolic<R>> op_apply<symbolic<T>>::apply_list(const O& o, const std::vector<symbolic<T>>& xs) {
   CCGRAPH_CHECK(!xs.empty(), O::name, ": expected a non-empty list of tensors");
   std::vector<value_ref> args;
   args.reserve(xs.size());
