@@ -48,6 +48,7 @@ ensure_deps() {
   [[ -f /usr/include/doctest/doctest.h ]] || missing+=(doctest-dev)
   command -v ccache >/dev/null 2>&1 || missing+=(ccache)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  [[ -x /usr/bin/time ]] || missing+=(time)  # bench/compile_time.sh measures CPU seconds with it
   ((${#missing[@]} == 0)) && return 0
 
   apt_install "${missing[@]}" && return 0

@@ -6,7 +6,9 @@
 # CCGRAPH_SKIP_CONAN=1; the API reference (`docs`) where Doxygen is installed, unless
 # CCGRAPH_SKIP_DOCS=1; then the ASan/UBSan and TSan builds (scripts/sanitize.sh) unless
 # CCGRAPH_SKIP_SANITIZERS=1.
-# Exits non-zero on any failure. CCGRAPH_JOBS sets the build's parallelism.
+# Also checks the compile time of the umbrella header and the README program against loose
+# bounds (bench/compile_time.sh --check). Exits non-zero on any failure. CCGRAPH_JOBS sets the
+# build's parallelism.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -46,6 +48,16 @@ packaging_stage() {
   return "$rc"
 }
 release_status=$status  # the sanitizer builds run only when the release tests passed
+
+# Compile time is part of the API: the umbrella header and the README program against loose
+# bounds (bench/compile_time.sh; the targets and measurements are in bench/RESULTS.md).
+log "compile time (bench/compile_time.sh --check)"
+if bash "$CCGRAPH_ROOT/bench/compile_time.sh" --check; then
+  record_result compile 1 0 ok
+else
+  record_result compile 1 1 over-bound
+  status=1
+fi
 
 # The API reference (`docs` target), where Doxygen is installed: optional, nothing installs it.
 if [[ ${CCGRAPH_SKIP_DOCS:-0} != 1 && -f build/CMakeCache.txt ]] && command -v doxygen >/dev/null 2>&1; then
