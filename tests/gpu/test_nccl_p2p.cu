@@ -64,9 +64,12 @@ results p2p_suite(cg::rank_context& ctx) {
       using T = decltype(tag);
       const std::string dt(cg::to_string(d));
       const auto a = input_of<T>(ctx, r, {5, 3}, 1), b = input_of<T>(ctx, r, {7}, 2);
-      // Both ranks exchange two tensors in one batch, listed in opposite orders.
+      // Both ranks exchange two tensors in one batch, sends and receives interleaved differently
+      // on each rank. Transfers between one sender and one receiver meet in the order each lists
+      // them (NCCL matches a peer's sends and receives in order: a batch whose orders differ there
+      // is refused, tests/ops/test_p2p.cpp).
       auto got = r == 0 ? cg::batch_isend_irecv({cg::isend(a, peer), cg::irecv(a, peer), cg::isend(b, peer), cg::irecv(b, peer)}, w)
-                        : cg::batch_isend_irecv({cg::irecv(a, peer), cg::irecv(b, peer), cg::isend(b, peer), cg::isend(a, peer)}, w);
+                        : cg::batch_isend_irecv({cg::irecv(a, peer), cg::irecv(b, peer), cg::isend(a, peer), cg::isend(b, peer)}, w);
       out["batch0." + dt] = values(got[0]);
       out["batch1." + dt] = values(got[1]);
       if (r == 0) cg::send(a, 1, w);

@@ -174,6 +174,24 @@ TEST_CASE("p2p.errors.shape_mismatch_on_both_ranks") {
   }
 }
 
+TEST_CASE("p2p.errors.one_direction_in_two_orders_is_refused") {
+  // Rank 1 sends b then a; rank 0 receives a then b. NCCL matches a peer's transfers in order, so
+  // the sizes would cross: both ranks get the mismatch instead.
+  auto errs = errors_on(2, [](cg::rank_context& ctx) {
+    const auto a = cg::zeros<float>({5, 3}), b = cg::zeros<float>({7});
+    if (ctx.rank() == 0)  // the received tensors are pending: their wait reports the failure
+      for (const auto& t : cg::batch_isend_irecv({cg::irecv(a, 1), cg::irecv(b, 1)}, world_of(2))) cg::wait_tensor(t);
+    else
+      (void)cg::batch_isend_irecv({cg::isend(b, 0), cg::isend(a, 0)}, world_of(2));
+  });
+  for (std::size_t r = 0; r < errs.size(); ++r) {
+    INFO("rank " << r << ": " << errs[r]);
+    CHECK(contains(errs[r], "collective mismatch"));
+    CHECK(contains(errs[r], "transfer of f32[7] from rank 1 to rank 0"));
+    CHECK(contains(errs[r], "transfer of f32[5, 3] from rank 1 to rank 0"));
+  }
+}
+
 TEST_CASE("p2p.errors.dtype_mismatch_on_both_ranks") {
   auto errs = errors_on(2, [](cg::rank_context& ctx) {
     if (ctx.rank() == 0) cg::send(cg::zeros<float>({4}), 1, world_of(2));
