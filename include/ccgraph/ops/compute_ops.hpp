@@ -216,6 +216,23 @@ std::vector<any_tensor> run_view(const O& o, const run_args& a) {
 }  // namespace ops
 
 namespace detail {
+/// The general form of apply_op on tensors, for ops with several outputs, inputs of mixed
+/// element types, or a list of inputs: infer (the errors), then run_op; the outputs, erased.
+template <class O>
+std::vector<any_tensor> apply_op_erased(const O& o, const std::vector<any_tensor>& ins) {
+  using traits = op_traits<O>;
+  require_infer<O>();
+  static_assert(traits::aliasing == alias_kind::fresh,
+                "apply_op_erased: views go through apply_op (their output aliases input 0)");
+  std::vector<tensor_meta> in;
+  in.reserve(ins.size());
+  for (const auto& t : ins) in.push_back(meta_of(t));
+  const std::vector<tensor_meta> metas = traits::infer(o, in, infer_ctx{});
+  const device dev = ins.empty() ? default_device() : std::visit([](const auto& t) { return t.device(); }, ins[0]);
+  const std::vector<any_tensor> none;
+  return run_op(o, run_args{ins, none, metas, dev});
+}
+
 /// An op on tensors, now: its inference (the errors users see), then its apply_view or run.
 template <element T>
 struct op_apply<tensor<T>> {
@@ -235,47 +252,26 @@ struct op_apply<tensor<T>> {
       return get_tensor<T>(out.at(0), O::name.data());
     }
   }
+  /// apply_op_n (ops/op_traits.hpp) on tensors: inputs of any element types, outputs Rs....
+  template <class... Rs, class O, class... Ts>
+  static std::tuple<tensor<Rs>...> apply_n(const O& o, const tensor<Ts>&... xs) {
+    const std::vector<any_tensor> outs = apply_op_erased(o, {any_tensor(xs)...});
+    CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
+                  outs.size());
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<tensor<Rs>...>{get_tensor<Rs>(outs[I], O::name.data())...};
+    }(std::index_sequence_for<Rs...>{});
+  }
+  /// apply_op_list on tensors.
+  template <class R, class O>
+  static std::vector<tensor<R>> apply_list(const O& o, const std::vector<tensor<T>>& xs) {
+    const std::vector<any_tensor> outs = apply_op_erased(o, std::vector<any_tensor>(xs.begin(), xs.end()));
+    std::vector<tensor<R>> r;
+    r.reserve(outs.size());
+    for (const auto& t : outs) r.push_back(get_tensor<R>(t, O::name.data()));
+    return r;
+  }
 };
-/// The general form of apply_op on tensors, for ops with several outputs, inputs of mixed
-/// element types, or a list of inputs: infer (the errors), then run_op; the outputs, erased.
-template <class O>
-std::vector<any_tensor> apply_op_erased(const O& o, const std::vector<any_tensor>& ins) {
-  using traits = op_traits<O>;
-  require_infer<O>();
-  static_assert(traits::aliasing == alias_kind::fresh,
-                "apply_op_erased: views go through apply_op (their output aliases input 0)");
-  std::vector<tensor_meta> in;
-  in.reserve(ins.size());
-  for (const auto& t : ins) in.push_back(meta_of(t));
-  const std::vector<tensor_meta> metas = traits::infer(o, in, infer_ctx{});
-  const device dev = ins.empty() ? default_device() : std::visit([](const auto& t) { return t.device(); }, ins[0]);
-  const std::vector<any_tensor> none;
-  return run_op(o, run_args{ins, none, metas, dev});
-}
-
-/// apply_op for ops with `sizeof...(Rs)` outputs of element types Rs... and inputs of any
-/// element types: `auto [values, indices] = detail::apply_op_n<T, std::int64_t>(ops::max_dim{..}, x);`.
-/// The traced overload (trace/symbolic.hpp) has the same form, so public op functions stay generic.
-template <class... Rs, class O, class... Ts>
-std::tuple<tensor<Rs>...> apply_op_n(const O& o, const tensor<Ts>&... xs) {
-  const std::vector<any_tensor> outs = apply_op_erased(o, {any_tensor(xs)...});
-  CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
-                outs.size());
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return std::tuple<tensor<Rs>...>{get_tensor<Rs>(outs[I], O::name.data())...};
-  }(std::index_sequence_for<Rs...>{});
-}
-
-/// apply_op for ops over a list of inputs of one element type giving a list of outputs of type
-/// R (cat, stack, split): the traced overload has the same form.
-template <class R, class O, class T>
-std::vector<tensor<R>> apply_op_list(const O& o, const std::vector<tensor<T>>& xs) {
-  const std::vector<any_tensor> outs = apply_op_erased(o, std::vector<any_tensor>(xs.begin(), xs.end()));
-  std::vector<tensor<R>> r;
-  r.reserve(outs.size());
-  for (const auto& t : outs) r.push_back(get_tensor<R>(t, O::name.data()));
-  return r;
-}
 }  // namespace detail
 
 // ---- the traits of each non-collective op ----

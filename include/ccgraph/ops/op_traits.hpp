@@ -354,6 +354,26 @@ V apply_op(const O& o, const V& x, const Vs&... xs) {
   return op_apply<V>::apply(o, x, xs...);
 }
 
+/// apply_op for ops with several outputs (of element types Rs...), inputs of mixed element
+/// types, or optional inputs: a std::tuple of the outputs. `auto [values, indices] =
+/// detail::apply_op_n<T, std::int64_t>(ops::max_dim{..}, x);`. Dispatches on the first input
+/// through op_apply<V>, a class template: found where the call is instantiated, so a public op
+/// function defined before trace/symbolic.hpp (ops headers come first) still records nodes on
+/// traced values (a qualified call to an overload declared later would not find it).
+template <class... Rs, class O, class V, class... Vs>
+auto apply_op_n(const O& o, const V& x, const Vs&... xs) {
+  require_traits<O>();
+  return op_apply<V>::template apply_n<Rs...>(o, x, xs...);
+}
+
+/// apply_op for ops over a list of inputs of one kind giving a list of outputs of element type R
+/// (cat, stack, split); dispatches as apply_op_n.
+template <class R, class O, class V>
+auto apply_op_list(const O& o, const std::vector<V>& xs) {
+  require_traits<O>();
+  return op_apply<V>::template apply_list<R>(o, xs);
+}
+
 }  // namespace detail
 
 /// The op's name: "all_reduce", "matmul", ...
