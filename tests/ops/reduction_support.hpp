@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -151,6 +152,20 @@ inline std::vector<double> numeric_grad(cg::tensor<double> x,
 template <class T>
 std::string type_name() {
   return std::string(cg::to_string(cg::dtype_v<T>));
+}
+
+/// Checks that result k of `got` equals result k of `want` bitwise (what a graph run must give
+/// compared with eager): tuples of tensors of the same types.
+template <class... Ts>
+void check_same_results(const std::tuple<Ts...>& got, const std::tuple<Ts...>& want) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    const auto one = [](std::size_t k, const auto& g, const auto& w) {
+      CAPTURE(k);
+      CHECK(g.shape() == w.shape());
+      CHECK(g.to_vector() == w.to_vector());
+    };
+    (one(K, std::get<K>(got), std::get<K>(want)), ...);
+  }(std::index_sequence_for<Ts...>{});
 }
 
 }  // namespace ccgraph_test::red

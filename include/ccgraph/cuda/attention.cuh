@@ -51,6 +51,9 @@
 
 namespace ccgraph::cuda::detail {
 
+// CUDA's min(int, int) for the kernels below: ccgraph::min (the reduction) would hide it.
+using ::min;
+
 /// The additive score term of a mask element (MaskKind 1: bool, 2: additive in T).
 template <int MaskKind, class A, class M>
 __device__ __forceinline__ A attn_mask_term(const M* p) {

@@ -23,6 +23,7 @@
 #include <ccgraph/cuda/normalization.cuh>
 #include <ccgraph/cuda/reduction.cuh>
 #include <ccgraph/ops/loss.hpp>
+#include <ccgraph/ops/loss_ops.hpp>
 
 #include <cuda_runtime.h>
 
@@ -466,3 +467,10 @@ void cross_entropy_backward_cuda(const tensor<T>& grad, const tensor<T>& input, 
 }
 
 }  // namespace ccgraph::detail
+
+// The graph ops' CUDA runs (ops/loss_ops.hpp); CCGRAPH_CUDA_IMPL_VIA: cuda/reduction.cuh. An
+// out-of-range target gives NaN here (no bad_target: reading it would wait for the kernel).
+namespace ccgraph {
+CCGRAPH_CUDA_IMPL_VIA(cross_entropy, detail::cross_entropy_cuda)
+CCGRAPH_CUDA_IMPL_VIA(cross_entropy_backward, detail::cross_entropy_backward_cuda)
+}  // namespace ccgraph

@@ -29,6 +29,7 @@
 
 #include <ccgraph/cuda/reduction.cuh>
 #include <ccgraph/ops/normalization.hpp>
+#include <ccgraph/ops/normalization_ops.hpp>
 
 #include <cuda_runtime.h>
 
@@ -1006,3 +1007,14 @@ void rms_norm_backward_cuda(const tensor<T>& grad, const tensor<T>& in, const sh
 
 }  // namespace ccgraph::detail
 
+// The graph ops' CUDA runs (ops/normalization_ops.hpp); CCGRAPH_CUDA_IMPL_VIA: cuda/reduction.cuh.
+namespace ccgraph {
+CCGRAPH_CUDA_IMPL_VIA(softmax, detail::softmax_cuda)
+CCGRAPH_CUDA_IMPL_VIA(log_softmax, detail::log_softmax_cuda)
+CCGRAPH_CUDA_IMPL_VIA(softmax_backward, detail::softmax_backward_cuda)
+CCGRAPH_CUDA_IMPL_VIA(log_softmax_backward, detail::log_softmax_backward_cuda)
+CCGRAPH_CUDA_IMPL_VIA(layer_norm, detail::layer_norm_cuda)
+CCGRAPH_CUDA_IMPL_VIA(rms_norm, detail::rms_norm_cuda)
+CCGRAPH_CUDA_IMPL_VIA(layer_norm_backward, detail::layer_norm_backward_cuda)
+CCGRAPH_CUDA_IMPL_VIA(rms_norm_backward, detail::rms_norm_backward_cuda)
+}  // namespace ccgraph

@@ -32,6 +32,7 @@
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/pointwise.cuh>
 #include <ccgraph/ops/reduction.hpp>
+#include <ccgraph/ops/reduction_ops.hpp>
 #include <ccgraph/tensor/storage.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -828,3 +829,36 @@ void var_backward_cuda(const tensor<T>& grad, const tensor<T>& in, const std::ve
 }
 
 }  // namespace ccgraph::detail
+
+// =============================================================================================
+// The graph ops' CUDA runs (ops/reduction_ops.hpp): each op's run_with with its `_cuda` kernel
+// =============================================================================================
+
+/// Defines cuda_impl<ops::OP>: op_traits<ops::OP>::run_with (the outputs and the dtype dispatch
+/// the CPU run uses) calling `kernel` (a `_cuda` function) instead of the `_cpu` one. Used by
+/// <ccgraph/cuda/normalization.cuh> and <ccgraph/cuda/loss.cuh> too.
+#define CCGRAPH_CUDA_IMPL_VIA(OP, kernel)                                                        \
+  template <>                                                                                  \
+  struct cuda_impl<ops::OP> {                                                                  \
+    static std::vector<any_tensor> run(const ops::OP& o, const run_args& a) {                  \
+      return op_traits<ops::OP>::run_with(o, a, [](const auto&... xs) { kernel(xs...); });     \
+    }                                                                                          \
+  };
+
+namespace ccgraph {
+CCGRAPH_CUDA_IMPL_VIA(sum, detail::sum_cuda)
+CCGRAPH_CUDA_IMPL_VIA(mean, detail::mean_cuda)
+CCGRAPH_CUDA_IMPL_VIA(var, detail::var_cuda)
+CCGRAPH_CUDA_IMPL_VIA(amax, detail::amax_cuda)
+CCGRAPH_CUDA_IMPL_VIA(amin, detail::amin_cuda)
+CCGRAPH_CUDA_IMPL_VIA(max, detail::max_cuda)
+CCGRAPH_CUDA_IMPL_VIA(min, detail::min_cuda)
+CCGRAPH_CUDA_IMPL_VIA(max_dim, detail::max_dim_cuda)
+CCGRAPH_CUDA_IMPL_VIA(min_dim, detail::min_dim_cuda)
+CCGRAPH_CUDA_IMPL_VIA(argmax, detail::argmax_cuda)
+CCGRAPH_CUDA_IMPL_VIA(argmin, detail::argmin_cuda)
+CCGRAPH_CUDA_IMPL_VIA(amax_backward, detail::amax_backward_cuda)
+CCGRAPH_CUDA_IMPL_VIA(max_backward, detail::max_backward_cuda)
+CCGRAPH_CUDA_IMPL_VIA(max_dim_backward, detail::max_dim_backward_cuda)
+CCGRAPH_CUDA_IMPL_VIA(var_backward, detail::var_backward_cuda)
+}  // namespace ccgraph

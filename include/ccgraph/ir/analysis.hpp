@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
@@ -56,6 +58,21 @@ struct hasher {
   void add(int v) { add(static_cast<std::int64_t>(v)); }
   void add(double v) { bytes(&v, sizeof v); }
   void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
+  /// 0.0 and -0.0 compare equal, so they hash alike.
+  void add(double v) {
+    if (v == 0) v = 0;
+    bytes(&v, sizeof v);
+  }
+  template <class E>
+    requires std::is_enum_v<E>
+  void add(E v) {
+    add(static_cast<std::int64_t>(v));
+  }
+  template <class T>
+  void add(const std::optional<T>& v) {
+    add(v.has_value());
+    if (v) add(*v);
+  }
   template <class T>
   void add(const std::vector<T>& v) {
     add(static_cast<std::int64_t>(v.size()));

@@ -11,6 +11,9 @@
 #include <ccgraph/core/visit.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
+#include <ccgraph/ops/loss_ops.hpp>
+#include <ccgraph/ops/normalization_ops.hpp>
+#include <ccgraph/ops/reduction_ops.hpp>
 #include <ccgraph/ops/squeeze.hpp>
 #include <ccgraph/ops/user_op.hpp>
 
@@ -25,6 +28,12 @@ using node_op = std::variant<
     ops::all_gather_into_tensor_coalesced, ops::reduce_scatter_tensor_coalesced, ops::batch_isend_irecv, ops::reduce,
     // compute
     ops::matmul, ops::pointwise, ops::cat, ops::repeat, ops::copy,
+    // compute: reductions, norms, loss (ops/reduction_ops.hpp, normalization_ops.hpp, loss_ops.hpp)
+    ops::sum, ops::mean, ops::var, ops::amax, ops::amin, ops::max, ops::min, ops::max_dim, ops::min_dim,
+    ops::argmax, ops::argmin, ops::softmax, ops::log_softmax, ops::layer_norm, ops::rms_norm, ops::cross_entropy,
+    // compute: their backward kernels
+    ops::amax_backward, ops::max_backward, ops::max_dim_backward, ops::var_backward, ops::softmax_backward,
+    ops::log_softmax_backward, ops::layer_norm_backward, ops::rms_norm_backward, ops::cross_entropy_backward,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
     ops::contiguous, ops::squeeze,

@@ -234,7 +234,6 @@ std::vector<any_tensor> apply_op_erased(const O& o, const std::vector<any_tensor
   return run_op(o, run_args{ins, none, metas, dev});
 }
 
-
 /// An op on tensors, now: its inference (the errors users see), then its apply_view or run.
 template <element T>
 struct op_apply<tensor<T>> {
@@ -254,17 +253,17 @@ struct op_apply<tensor<T>> {
       return get_tensor<T>(out.at(0), O::name.data());
     }
   }
-  /// See detail::apply_op_n (ops/op_traits.hpp).
+  /// apply_op_n (ops/op_traits.hpp) on tensors: inputs of any element types, outputs Rs....
   template <class... Rs, class O, class... Ts>
-  static std::tuple<tensor<Rs>...> apply_n(const O& o, const tensor<T>& x, const tensor<Ts>&... xs) {
-    const std::vector<any_tensor> outs = apply_op_erased(o, {any_tensor(x), any_tensor(xs)...});
+  static std::tuple<tensor<Rs>...> apply_n(const O& o, const tensor<Ts>&... xs) {
+    const std::vector<any_tensor> outs = apply_op_erased(o, {any_tensor(xs)...});
     CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
                   outs.size());
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<tensor<Rs>...>{get_tensor<Rs>(outs[I], O::name.data())...};
     }(std::index_sequence_for<Rs...>{});
   }
-  /// See detail::apply_op_list (ops/op_traits.hpp).
+  /// apply_op_list on tensors.
   template <class R, class O>
   static std::vector<tensor<R>> apply_list(const O& o, const std::vector<tensor<T>>& xs) {
     const std::vector<any_tensor> outs = apply_op_erased(o, std::vector<any_tensor>(xs.begin(), xs.end()));

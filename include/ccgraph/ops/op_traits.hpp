@@ -354,19 +354,20 @@ V apply_op(const O& o, const V& x, const Vs&... xs) {
   return op_apply<V>::apply(o, x, xs...);
 }
 
-/// apply_op for ops with `sizeof...(Rs)` outputs of element types Rs... and inputs of any element
-/// types (all tensors, or all traced values): `auto [values, indices] =
-/// detail::apply_op_n<T, std::int64_t>(ops::max_dim{...}, x);` runs the op (infer, then run_op) or
-/// records one node. Dispatched through op_apply<V> like apply_op, so an op header needs neither
-/// the tensor nor the tracing side.
+/// apply_op for ops with several outputs (of element types Rs...), inputs of mixed element
+/// types, or optional inputs: a std::tuple of the outputs. `auto [values, indices] =
+/// detail::apply_op_n<T, std::int64_t>(ops::max_dim{..}, x);`. Dispatches on the first input
+/// through op_apply<V>, a class template: found where the call is instantiated, so a public op
+/// function defined before trace/symbolic.hpp (ops headers come first) still records nodes on
+/// traced values (a qualified call to an overload declared later would not find it).
 template <class... Rs, class O, class V, class... Vs>
 auto apply_op_n(const O& o, const V& x, const Vs&... xs) {
   require_traits<O>();
   return op_apply<V>::template apply_n<Rs...>(o, x, xs...);
 }
 
-/// apply_op for ops over a list of inputs of one element type giving a list of outputs of type R
-/// (cat, stack, split), eager or traced.
+/// apply_op for ops over a list of inputs of one kind giving a list of outputs of element type R
+/// (cat, stack, split); dispatches as apply_op_n.
 template <class R, class O, class V>
 auto apply_op_list(const O& o, const std::vector<V>& xs) {
   require_traits<O>();

@@ -151,25 +151,6 @@ template <class T>
 inline constexpr bool is_symbolic_leaf_v<detail::symbolic_leaf<T>> = true;
 
 namespace detail {
-/// An op on traced values: records its node (whose metas, and errors, come from
-/// op_traits<O>::infer).
-template <class T>
-struct op_apply<symbolic<T>> {
-  template <class O, class... Ts>
-  static symbolic<T> apply(const O& o, const symbolic<T>& x, const Ts&... xs) {
-    trace_state* st = x.state();
-    node_op op = o;
-    node* n = st->g.add(std::move(op), {x.ref(), xs.ref()...}, {}, O::name);
-    return symbolic<T>(st, {n, 0});
-  }
-  /// See detail::apply_op_n (ops/op_traits.hpp): one node with the outputs Rs....
-  template <class... Rs, class O, class... Ts>
-  static std::tuple<symbolic<Rs>...> apply_n(const O& o, const symbolic<T>& x, const symbolic<Ts>&... xs);
-  /// See detail::apply_op_list (ops/op_traits.hpp).
-  template <class R, class O>
-  static std::vector<symbolic<R>> apply_list(const O& o, const std::vector<symbolic<T>>& xs);
-};
-
 /// Records op `o` on traced inputs and returns its outputs (their metas, and errors, from
 /// op_traits<O>::infer).
 template <class O>
@@ -185,29 +166,39 @@ std::vector<value_ref> record_op_erased(const O& o, trace_state* st, const std::
   return outs;
 }
 
-
+/// An op on traced values: records its node (whose metas, and errors, come from
+/// op_traits<O>::infer).
 template <class T>
-template <class... Rs, class O, class... Ts>
-std::tuple<symbolic<Rs>...> op_apply<symbolic<T>>::apply_n(const O& o, const symbolic<T>& x, const symbolic<Ts>&... xs) {
-  const std::vector<value_ref> outs = record_op_erased(o, x.state(), {x.ref(), xs.ref()...});
-  CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
-                outs.size());
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return std::tuple<symbolic<Rs>...>{symbolic<Rs>(x.state(), outs[I])...};
-  }(std::index_sequence_for<Rs...>{});
-}
-
-template <class T>
-template <class R, class O>
-std::vector<symbolic<R>> op_apply<symbolic<T>>::apply_list(const O& o, const std::vector<symbolic<T>>& xs) {
-  CCGRAPH_CHECK(!xs.empty(), O::name, ": expected a non-empty list of tensors");
-  std::vector<value_ref> args;
-  args.reserve(xs.size());
-  for (const auto& x : xs) args.push_back(x.ref());
-  std::vector<symbolic<R>> r;
-  for (const auto& v : record_op_erased(o, xs[0].state(), args)) r.emplace_back(xs[0].state(), v);
-  return r;
-}
+struct op_apply<symbolic<T>> {
+  template <class O, class... Ts>
+  static symbolic<T> apply(const O& o, const symbolic<T>& x, const Ts&... xs) {
+    trace_state* st = x.state();
+    node_op op = o;
+    node* n = st->g.add(std::move(op), {x.ref(), xs.ref()...}, {}, O::name);
+    return symbolic<T>(st, {n, 0});
+  }
+  /// apply_op_n (ops/op_traits.hpp) on traced values: records one node with the outputs Rs....
+  template <class... Rs, class O, class... Ts>
+  static std::tuple<symbolic<Rs>...> apply_n(const O& o, const symbolic<T>& x0, const symbolic<Ts>&... xs) {
+    const std::vector<value_ref> outs = record_op_erased(o, x0.state(), {x0.ref(), xs.ref()...});
+    CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
+                  outs.size());
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<symbolic<Rs>...>{symbolic<Rs>(x0.state(), outs[I])...};
+    }(std::index_sequence_for<Rs...>{});
+  }
+  /// apply_op_list on traced values.
+  template <class R, class O>
+  static std::vector<symbolic<R>> apply_list(const O& o, const std::vector<symbolic<T>>& xs) {
+    CCGRAPH_CHECK(!xs.empty(), O::name, ": expected a non-empty list of tensors");
+    std::vector<value_ref> args;
+    args.reserve(xs.size());
+    for (const auto& x : xs) args.push_back(x.ref());
+    std::vector<symbolic<R>> r;
+    for (const auto& v : record_op_erased(o, xs[0].state(), args)) r.emplace_back(xs[0].state(), v);
+    return r;
+  }
+};
 }  // namespace detail
 
 }  // namespace ccgraph
