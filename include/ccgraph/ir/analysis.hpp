@@ -56,7 +56,6 @@ struct hasher {
   void add(const std::string& s) { add(std::string_view(s)); }
   void add(bool v) { add(static_cast<std::int64_t>(v)); }
   void add(int v) { add(static_cast<std::int64_t>(v)); }
-  void add(double v) { bytes(&v, sizeof v); }
   void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
   /// 0.0 and -0.0 compare equal, so they hash alike.
   void add(double v) {

@@ -27,13 +27,13 @@ inline void print_attr_value(std::ostream& os, std::int64_t v) { os << v; }
 inline void print_attr_value(std::ostream& os, reduce_op v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::string& v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::vector<std::int64_t>& v) { os << list_str(v); }
+inline void print_attr_value(std::ostream& os, const std::vector<ops::p2p_desc>& v) { ops::detail::print_attr(os, v); }
+inline void print_attr_value(std::ostream& os, double v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::vector<double>& v) {
   os << '[';
   for (std::size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
   os << ']';
 }
-inline void print_attr_value(std::ostream& os, const std::vector<ops::p2p_desc>& v) { ops::detail::print_attr(os, v); }
-inline void print_attr_value(std::ostream& os, double v) { os << v; }
 /// An enum attribute by its to_string (loss_reduction: "mean").
 template <class E>
   requires std::is_enum_v<E>
