@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
@@ -54,6 +57,22 @@ struct hasher {
   void add(bool v) { add(static_cast<std::int64_t>(v)); }
   void add(int v) { add(static_cast<std::int64_t>(v)); }
   void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
+  void add(double v) {  // by its bits, with -0.0 as 0.0: values that compare equal hash equal
+    if (v == 0) v = 0;
+    std::int64_t b = 0;
+    std::memcpy(&b, &v, sizeof b);
+    add(b);
+  }
+  template <class E>
+    requires std::is_enum_v<E>
+  void add(E v) {
+    add(static_cast<std::int64_t>(v));
+  }
+  template <class T>
+  void add(const std::optional<T>& v) {
+    add(v.has_value());
+    if (v) add(*v);
+  }
   template <class T>
   void add(const std::vector<T>& v) {
     add(static_cast<std::int64_t>(v.size()));

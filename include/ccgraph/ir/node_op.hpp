@@ -10,6 +10,7 @@
 
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
+#include <ccgraph/ops/index_ops.hpp>
 #include <ccgraph/ops/squeeze.hpp>
 
 namespace ccgraph {
@@ -23,6 +24,8 @@ using node_op = std::variant<
     ops::all_gather_into_tensor_coalesced, ops::reduce_scatter_tensor_coalesced, ops::batch_isend_irecv, ops::reduce,
     // compute
     ops::matmul, ops::pointwise, ops::cat, ops::repeat, ops::copy,
+    ops::stack,
+    ops::embedding, ops::embedding_backward, ops::index_select, ops::gather, ops::scatter_add,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
     ops::contiguous, ops::squeeze>;

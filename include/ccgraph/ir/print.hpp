@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <boost/hana/accessors.hpp>
@@ -25,6 +27,21 @@ inline void print_attr_value(std::ostream& os, reduce_op v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::string& v) { os << v; }
 inline void print_attr_value(std::ostream& os, const std::vector<std::int64_t>& v) { os << list_str(v); }
 inline void print_attr_value(std::ostream& os, const std::vector<ops::p2p_desc>& v) { ops::detail::print_attr(os, v); }
+inline void print_attr_value(std::ostream& os, double v) { os << v; }
+/// An enum attribute by its to_string (found by ADL beside the enum): "activation=gelu_tanh".
+template <class E>
+  requires std::is_enum_v<E>
+void print_attr_value(std::ostream& os, E v) {
+  os << to_string(v);
+}
+/// An optional attribute: its value, or "none" (PyTorch's None).
+template <class T>
+void print_attr_value(std::ostream& os, const std::optional<T>& v) {
+  if (v)
+    print_attr_value(os, *v);
+  else
+    os << "none";
+}
 
 /// "%name" or "%name.i" for output i of a multi-output node.
 inline std::string ref_str(const value_ref& r) {
