@@ -8,9 +8,11 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/ops/attention.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/ops/index_ops.hpp>
+#include <ccgraph/ops/linear.hpp>
 #include <ccgraph/ops/squeeze.hpp>
 
 namespace ccgraph {
@@ -26,6 +28,8 @@ using node_op = std::variant<
     ops::matmul, ops::pointwise, ops::cat, ops::repeat, ops::copy,
     ops::stack,
     ops::embedding, ops::embedding_backward, ops::index_select, ops::gather, ops::scatter_add,
+    ops::bmm, ops::linear,
+    ops::scaled_dot_product_attention, ops::scaled_dot_product_attention_backward,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
     ops::contiguous, ops::squeeze>;

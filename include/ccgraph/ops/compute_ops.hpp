@@ -192,10 +192,10 @@ inline double meta_bytes(const std::vector<tensor_meta>& ms) {
   return b;
 }
 
-/// The planned buffer for output 0, or a new tensor of its meta.
+/// The planned buffer for output k, or a new tensor of its meta.
 template <class T>
-tensor<T> out_or_new(std::string_view what, const run_args& a) {
-  return a.outs.empty() ? tensor<T>::empty(a.metas.at(0).shape, a.dev) : get_tensor<T>(a.outs[0], what.data());
+tensor<T> out_or_new(std::string_view what, const run_args& a, std::size_t k = 0) {
+  return a.outs.empty() ? tensor<T>::empty(a.metas.at(k).shape, a.dev) : get_tensor<T>(a.outs.at(k), what.data());
 }
 
 /// Inference of a view op: its apply_view on a storage-less tensor (the shape and the errors
