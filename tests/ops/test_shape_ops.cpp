@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <ccgraph/ops/compute_ops.hpp>  // stack
 #include <ccgraph/ops/pointwise.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
 #include <ccgraph/tensor/random.hpp>

@@ -1453,3 +1453,35 @@ void sdpa_backward_cuda(const tensor<T>& grad_out, const tensor<T>& q, const ten
 }
 
 }  // namespace ccgraph::detail
+
+// ---- the graph ops' CUDA runs (ops::scaled_dot_product_attention[_backward], ops/attention.hpp) --
+
+namespace ccgraph {
+namespace detail {
+/// The CUDA kernels, for attention_op_runs (the dispatch the CPU run shares).
+struct attention_cuda_kernels {
+  template <class T, class M>
+  static void forward(const tensor<T>& q, const tensor<T>& k, const tensor<T>& v, const std::optional<tensor<M>>& mask,
+                      const sdpa_options& opt, const tensor<T>& out, const std::optional<tensor<sdpa_lse_t<T>>>& lse) {
+    sdpa_cuda<T, M>(q, k, v, mask, opt, out, lse);
+  }
+  template <class T, class M>
+  static void backward(const tensor<T>& grad_out, const tensor<T>& q, const tensor<T>& k, const tensor<T>& v,
+                       const tensor<T>& out, const tensor<sdpa_lse_t<T>>& lse, const std::optional<tensor<M>>& mask,
+                       const sdpa_options& opt, const tensor<T>& grad_q, const tensor<T>& grad_k,
+                       const tensor<T>& grad_v) {
+    sdpa_backward_cuda<T, M>(grad_out, q, k, v, out, lse, mask, opt, grad_q, grad_k, grad_v);
+  }
+};
+}  // namespace detail
+
+template <>
+struct cuda_impl<ops::scaled_dot_product_attention> {
+  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention& o, const run_args& a) { return detail::attention_op_runs<detail::attention_cuda_kernels>::run(o, a); }
+};
+template <>
+struct cuda_impl<ops::scaled_dot_product_attention_backward> {
+  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention_backward& o, const run_args& a) { return detail::attention_op_runs<detail::attention_cuda_kernels>::run(o, a); }
+};
+
+}  // namespace ccgraph

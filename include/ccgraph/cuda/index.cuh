@@ -442,3 +442,45 @@ void scatter_add_cuda(const tensor<T>& self, std::int64_t dim, const tensor<std:
 }
 
 }  // namespace ccgraph::detail
+
+// ---- the graph ops' CUDA runs (ops::embedding, ... in ops/index_ops.hpp) ------------------------
+
+namespace ccgraph {
+namespace detail {
+/// The CUDA kernels, for index_op_runs (the dispatch the CPU run shares).
+struct index_cuda_kernels {
+  template <class... A>
+  static void embedding(const A&... a) { embedding_cuda(a...); }
+  template <class... A>
+  static void embedding_backward(const A&... a) { embedding_backward_cuda(a...); }
+  template <class... A>
+  static void index_select(const A&... a) { index_select_cuda(a...); }
+  template <class... A>
+  static void gather(const A&... a) { gather_cuda(a...); }
+  template <class... A>
+  static void scatter_add(const A&... a) { scatter_add_cuda(a...); }
+};
+}  // namespace detail
+
+template <>
+struct cuda_impl<ops::embedding> {
+  static std::vector<any_tensor> run(const ops::embedding& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+};
+template <>
+struct cuda_impl<ops::embedding_backward> {
+  static std::vector<any_tensor> run(const ops::embedding_backward& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+};
+template <>
+struct cuda_impl<ops::index_select> {
+  static std::vector<any_tensor> run(const ops::index_select& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+};
+template <>
+struct cuda_impl<ops::gather> {
+  static std::vector<any_tensor> run(const ops::gather& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+};
+template <>
+struct cuda_impl<ops::scatter_add> {
+  static std::vector<any_tensor> run(const ops::scatter_add& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+};
+
+}  // namespace ccgraph

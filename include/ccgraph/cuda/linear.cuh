@@ -139,3 +139,27 @@ void linear_cuda(const tensor<T>& x, const tensor<T>& w, const std::optional<ten
 }
 
 }  // namespace ccgraph::detail
+
+// ---- the graph ops' CUDA runs (ops::bmm, ops::linear in ops/linear.hpp) --------------------------
+
+namespace ccgraph {
+namespace detail {
+/// The CUDA kernels, for linear_op_runs (the dispatch the CPU run shares).
+struct linear_cuda_kernels {
+  template <class... A>
+  static void bmm(const A&... a) { bmm_cuda(a...); }
+  template <class... A>
+  static void linear(const A&... a) { linear_cuda(a...); }
+};
+}  // namespace detail
+
+template <>
+struct cuda_impl<ops::bmm> {
+  static std::vector<any_tensor> run(const ops::bmm& o, const run_args& a) { return detail::linear_op_runs<detail::linear_cuda_kernels>::run(o, a); }
+};
+template <>
+struct cuda_impl<ops::linear> {
+  static std::vector<any_tensor> run(const ops::linear& o, const run_args& a) { return detail::linear_op_runs<detail::linear_cuda_kernels>::run(o, a); }
+};
+
+}  // namespace ccgraph

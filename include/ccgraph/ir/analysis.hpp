@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -57,10 +58,11 @@ struct hasher {
   void add(bool v) { add(static_cast<std::int64_t>(v)); }
   void add(int v) { add(static_cast<std::int64_t>(v)); }
   void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
-  /// 0.0 and -0.0 compare equal, so they hash alike.
-  void add(double v) {
+  void add(double v) {  // by its bits, with -0.0 as 0.0: values that compare equal hash equal
     if (v == 0) v = 0;
-    bytes(&v, sizeof v);
+    std::int64_t b = 0;
+    std::memcpy(&b, &v, sizeof b);
+    add(b);
   }
   template <class E>
     requires std::is_enum_v<E>

@@ -9,8 +9,11 @@
 #include <vector>
 
 #include <ccgraph/core/visit.hpp>
+#include <ccgraph/ops/attention.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/compute_ops.hpp>
+#include <ccgraph/ops/index_ops.hpp>
+#include <ccgraph/ops/linear.hpp>
 #include <ccgraph/ops/loss_ops.hpp>
 #include <ccgraph/ops/normalization_ops.hpp>
 #include <ccgraph/ops/reduction_ops.hpp>
@@ -34,6 +37,11 @@ using node_op = std::variant<
     // compute: their backward kernels
     ops::amax_backward, ops::max_backward, ops::max_dim_backward, ops::var_backward, ops::softmax_backward,
     ops::log_softmax_backward, ops::layer_norm_backward, ops::rms_norm_backward, ops::cross_entropy_backward,
+    // compute: index, stacking, linear algebra, attention (ops/index_ops.hpp, shape_ops.hpp, linear.hpp, attention.hpp)
+    ops::stack,
+    ops::embedding, ops::embedding_backward, ops::index_select, ops::gather, ops::scatter_add,
+    ops::bmm, ops::linear,
+    ops::scaled_dot_product_attention, ops::scaled_dot_product_attention_backward,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
     ops::contiguous, ops::squeeze,

@@ -14,19 +14,29 @@
 // The forward also returns the log-sum-exp of each row's scaled scores, lse = m + log(Σ exp(s -
 // m)) (-inf for a fully masked row; float, double for f64): what the backward needs to rebuild
 // the probabilities without storing them (flash-attention's saved statistic).
+//
+// Graph ops (the end of this file): ops::scaled_dot_product_attention (outputs out and lse) and
+// its backward, with their op_traits (inference by sdpa_check, runs by the CPU kernels here and
+// the fused CUDA ones through cuda_impl in cuda/attention.cuh), and the public functions, generic
+// over tensors and traced values.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
+
+#include <boost/hana/define_struct.hpp>
 
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/ops/kernel_checks.hpp>
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
@@ -366,3 +376,267 @@ void sdpa_backward_cpu(const tensor<T>& grad_out, const tensor<T>& q, const tens
 }
 
 }  // namespace ccgraph::detail
+
+// ---- graph ops ---------------------------------------------------------------------------------
+
+namespace ccgraph {
+namespace ops {
+/// torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
+/// scale). Inputs: q, k, v and the mask when there is one (bool or q's dtype). Outputs: out
+/// [..., L, Ev] and the log-sum-exp [..., L] (f32; f64 for f64) the backward reads.
+struct scaled_dot_product_attention {
+  BOOST_HANA_DEFINE_STRUCT(scaled_dot_product_attention, (double, dropout_p), (bool, is_causal),
+                           (std::optional<double>, scale));
+  static constexpr std::string_view name = "scaled_dot_product_attention";
+};
+/// Its backward. Inputs: grad_out, q, k, v, out, lse and the mask when there is one. Outputs:
+/// grad_q, grad_k, grad_v (no gradient for the mask).
+struct scaled_dot_product_attention_backward {
+  BOOST_HANA_DEFINE_STRUCT(scaled_dot_product_attention_backward, (double, dropout_p), (bool, is_causal),
+                           (std::optional<double>, scale));
+  static constexpr std::string_view name = "scaled_dot_product_attention_backward";
+};
+}  // namespace ops
+
+namespace detail {
+
+/// The kernels' options from either op's attributes.
+template <class O>
+sdpa_options sdpa_options_of(const O& o) {
+  sdpa_options opt;
+  opt.is_causal = o.is_causal;
+  opt.scale = o.scale;
+  opt.dropout_p = o.dropout_p;
+  return opt;
+}
+
+/// Calls `f(mask)` with input `at` as a std::optional<tensor<M>> (M bool or T), or an empty
+/// std::optional<tensor<bool>> when the node has no input `at`.
+template <class T, class F>
+void visit_sdpa_mask(const run_args& a, std::size_t at, const char* what, F&& f) {
+  if (a.in.size() <= at) {
+    f(std::optional<tensor<bool>>());
+  } else if (::ccgraph::meta_of(a.in[at]).dtype == dtype::boolean) {
+    f(std::optional<tensor<bool>>(get_tensor<bool>(a.in[at], what)));
+  } else {
+    f(std::optional<tensor<T>>(get_tensor<T>(a.in[at], what)));
+  }
+}
+
+/// The metadata of input `at`, if the node has it.
+inline std::optional<tensor_meta> optional_meta(const std::vector<tensor_meta>& in, std::size_t at) {
+  return in.size() > at ? std::optional<tensor_meta>(in[at]) : std::nullopt;
+}
+
+/// The element type of the log-sum-exp for inputs of dtype `dt`.
+inline dtype sdpa_lse_dtype(dtype dt) { return dt == dtype::f64 ? dtype::f64 : dtype::f32; }
+
+/// The runs of attention's forward and backward given their kernels (`Kernels::forward(q, k, v,
+/// mask, opt, out, lse)`, `Kernels::backward(...)`, the kernels' own argument lists): the CPU
+/// ones below, the CUDA ones in cuda/attention.cuh.
+template <class Kernels>
+struct attention_op_runs {
+  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention& o, const run_args& a) {
+    using O = ops::scaled_dot_product_attention;
+    return visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> std::vector<any_tensor> {
+      using T = decltype(tag);
+      if constexpr (!std::is_floating_point_v<compute_t<T>>) {
+        CCGRAPH_THROW(error, O::name, ": query of dtype ", dtype_v<T>, "; expected f32, f64, bf16 or f16");
+      } else {
+        const char* what = O::name.data();
+        auto out = ops::detail::out_or_new<T>(O::name, a, 0);
+        auto lse = ops::detail::out_or_new<sdpa_lse_t<T>>(O::name, a, 1);
+        visit_sdpa_mask<T>(a, 3, what, [&](const auto& mask) {
+          Kernels::forward(get_tensor<T>(a.in.at(0), what), get_tensor<T>(a.in.at(1), what),
+                           get_tensor<T>(a.in.at(2), what), mask, sdpa_options_of(o), out,
+                           std::optional<tensor<sdpa_lse_t<T>>>(lse));
+        });
+        return {out, lse};
+      }
+    });
+  }
+  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention_backward& o, const run_args& a) {
+    using O = ops::scaled_dot_product_attention_backward;
+    return visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> std::vector<any_tensor> {
+      using T = decltype(tag);
+      if constexpr (!std::is_floating_point_v<compute_t<T>>) {
+        CCGRAPH_THROW(error, O::name, ": query of dtype ", dtype_v<T>, "; expected f32, f64, bf16 or f16");
+      } else {
+        const char* what = O::name.data();
+        auto gq = ops::detail::out_or_new<T>(O::name, a, 0);
+        auto gk = ops::detail::out_or_new<T>(O::name, a, 1);
+        auto gv = ops::detail::out_or_new<T>(O::name, a, 2);
+        visit_sdpa_mask<T>(a, 6, what, [&](const auto& mask) {
+          Kernels::backward(get_tensor<T>(a.in.at(0), what), get_tensor<T>(a.in.at(1), what),
+                            get_tensor<T>(a.in.at(2), what), get_tensor<T>(a.in.at(3), what),
+                            get_tensor<T>(a.in.at(4), what), get_tensor<sdpa_lse_t<T>>(a.in.at(5), what), mask,
+                            sdpa_options_of(o), gq, gk, gv);
+        });
+        return {gq, gk, gv};
+      }
+    });
+  }
+};
+
+/// The CPU kernels, for attention_op_runs.
+struct attention_cpu_kernels {
+  template <class T, class M>
+  static void forward(const tensor<T>& q, const tensor<T>& k, const tensor<T>& v, const std::optional<tensor<M>>& mask,
+                      const sdpa_options& opt, const tensor<T>& out, const std::optional<tensor<sdpa_lse_t<T>>>& lse) {
+    sdpa_cpu<T, M>(q, k, v, mask, opt, out, lse);
+  }
+  template <class T, class M>
+  static void backward(const tensor<T>& grad_out, const tensor<T>& q, const tensor<T>& k, const tensor<T>& v,
+                       const tensor<T>& out, const tensor<sdpa_lse_t<T>>& lse, const std::optional<tensor<M>>& mask,
+                       const sdpa_options& opt, const tensor<T>& grad_q, const tensor<T>& grad_k,
+                       const tensor<T>& grad_v) {
+    sdpa_backward_cpu<T, M>(grad_out, q, k, v, out, lse, mask, opt, grad_q, grad_k, grad_v);
+  }
+};
+
+/// What both attention ops' traits share: compute ops writing new tensors, run by the CPU
+/// kernels here and by cuda_impl on devices.
+struct attention_traits_common {
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::cuda_impl;  // cuda/attention.cuh
+  template <class O>
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O& o, const Args& a) {
+    return attention_op_runs<attention_cpu_kernels>::run(o, a);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+/// The FLOPs of attention's two products (q kᵀ and p v) over the keys each query sees (half of
+/// them, about, when causal), for sizes `s`.
+inline double sdpa_flops(const sdpa_sizes& s, bool causal, double e_factor, double ev_factor) {
+  const double pairs = double(numel_of(s.batch)) * double(s.L) * double(s.S) * (causal ? 0.5 : 1.0);
+  return 2.0 * pairs * (e_factor * double(s.E) + ev_factor * double(s.Ev));
+}
+
+}  // namespace detail
+
+template <>
+struct op_traits<ops::scaled_dot_product_attention> : detail::attention_traits_common {
+  using O = ops::scaled_dot_product_attention;
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    CCGRAPH_CHECK(in.size() == 3 || in.size() == 4, O::name,
+                  ": expects 3 or 4 input(s) (query, key, value, attn_mask), got ", in.size());
+    const auto opt = detail::sdpa_options_of(o);
+    const auto mask = detail::optional_meta(in, 3);
+    return {{in[0].dtype, detail::sdpa_shape(in[0], in[1], in[2], mask, opt)},
+            {detail::sdpa_lse_dtype(in[0].dtype), detail::sdpa_lse_shape(in[0], in[1], in[2], mask, opt)}};
+  }
+  /// The two products' FLOPs at the dtype's matmul peak; inputs and outputs as bytes (a fused
+  /// kernel never writes the scores).
+  static op_cost cost(const O& o, const cost_args& a) {
+    const auto s = detail::sdpa_check(a.in.at(0), a.in.at(1), a.in.at(2), detail::optional_meta(a.in, 3),
+                                      detail::sdpa_options_of(o));
+    return op_cost::compute(detail::sdpa_flops(s, o.is_causal, 1, 1),
+                            ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::matmul,
+                            a.in[0].dtype);
+  }
+};
+
+template <>
+struct op_traits<ops::scaled_dot_product_attention_backward> : detail::attention_traits_common {
+  using O = ops::scaled_dot_product_attention_backward;
+  /// sdpa_backward_check's rules (the kernels' own), run on storage-less tensors of the metas.
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    CCGRAPH_CHECK(in.size() == 6 || in.size() == 7, O::name,
+                  ": expects 6 or 7 input(s) (grad_out, query, key, value, out, lse, attn_mask), got ", in.size());
+    const auto opt = detail::sdpa_options_of(o);
+    const auto mask = detail::optional_meta(in, 6);
+    (void)detail::sdpa_check(in[1], in[2], in[3], mask, opt);  // q, k, v and the mask, first
+    const dtype dt = in[1].dtype;
+    CCGRAPH_CHECK(in[0].dtype == dt && in[4].dtype == dt, O::name, ": grad_out (", in[0].dtype, ") and out (",
+                  in[4].dtype, ") must have the query's dtype ", dt);
+    CCGRAPH_CHECK(in[5].dtype == detail::sdpa_lse_dtype(dt), O::name, ": lse of dtype ", in[5].dtype, "; expected ",
+                  detail::sdpa_lse_dtype(dt), " for a query of dtype ", dt);
+    visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<compute_t<T>>) {
+        using ccgraph::detail::meta_tensor;
+        const auto q = meta_tensor<T>(in[1]), k = meta_tensor<T>(in[2]), v = meta_tensor<T>(in[3]);
+        (void)detail::sdpa_backward_check(meta_tensor<T>(in[0]), q, k, v, meta_tensor<T>(in[4]),
+                                          meta_tensor<detail::sdpa_lse_t<T>>(in[5]), std::optional<tensor<bool>>(),
+                                          opt, q, k, v);
+      }
+    });
+    return {in[1], in[2], in[3]};
+  }
+  /// Five products (q kᵀ again, dV, dP, dQ, dK) at the dtype's matmul peak; inputs and outputs
+  /// as bytes.
+  static op_cost cost(const O& o, const cost_args& a) {
+    const auto s = detail::sdpa_check(a.in.at(1), a.in.at(2), a.in.at(3), detail::optional_meta(a.in, 6),
+                                      detail::sdpa_options_of(o));
+    return op_cost::compute(detail::sdpa_flops(s, o.is_causal, 3, 2),
+                            ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::matmul,
+                            a.in[1].dtype);
+  }
+};
+
+/// scaled_dot_product_attention with its log-sum-exp: (out [..., L, Ev], lse [..., L]), lse
+/// f32 (f64 for f64), what the backward reads. See scaled_dot_product_attention.
+template <detail::op_value V>
+auto scaled_dot_product_attention_with_lse(const V& q, const V& k, const V& v, double dropout_p = 0.0,
+                                           bool is_causal = false, std::optional<double> scale = std::nullopt) {
+  using T = typename V::value_type;
+  return detail::apply_op_n<T, detail::sdpa_lse_t<T>>(ops::scaled_dot_product_attention{dropout_p, is_causal, scale},
+                                                      q, k, v);
+}
+
+/// scaled_dot_product_attention_with_lse with an attn_mask (bool, true = attends, or additive
+/// in q's dtype; broadcast to [..., L, S]).
+template <detail::op_value V, detail::op_value M>
+auto scaled_dot_product_attention_with_lse(const V& q, const V& k, const V& v, const M& attn_mask,
+                                           double dropout_p = 0.0, bool is_causal = false,
+                                           std::optional<double> scale = std::nullopt) {
+  using T = typename V::value_type;
+  return detail::apply_op_n<T, detail::sdpa_lse_t<T>>(ops::scaled_dot_product_attention{dropout_p, is_causal, scale},
+                                                      q, k, v, attn_mask);
+}
+
+/// softmax(q kᵀ · scale) v for q [..., L, E], k [..., S, E], v [..., S, Ev]: [..., L, Ev]
+/// (torch.nn.functional.scaled_dot_product_attention; scale 1/sqrt(E) unless given; is_causal:
+/// query i sees keys j <= i; dropout_p must be 0). On tensors it runs now, on traced values it
+/// records a `scaled_dot_product_attention` node (whose second output is the log-sum-exp).
+template <detail::op_value V>
+V scaled_dot_product_attention(const V& q, const V& k, const V& v, double dropout_p = 0.0, bool is_causal = false,
+                               std::optional<double> scale = std::nullopt) {
+  return std::get<0>(scaled_dot_product_attention_with_lse(q, k, v, dropout_p, is_causal, scale));
+}
+
+/// scaled_dot_product_attention with an attn_mask (bool, true = attends, or additive in q's
+/// dtype; broadcast to [..., L, S]; not with is_causal).
+template <detail::op_value V, detail::op_value M>
+V scaled_dot_product_attention(const V& q, const V& k, const V& v, const M& attn_mask, double dropout_p = 0.0,
+                               bool is_causal = false, std::optional<double> scale = std::nullopt) {
+  return std::get<0>(scaled_dot_product_attention_with_lse(q, k, v, attn_mask, dropout_p, is_causal, scale));
+}
+
+/// scaled_dot_product_attention's backward: (grad_q, grad_k, grad_v) from grad_out and the
+/// forward's inputs, out and lse (flash-attention's recomputation; same options as the forward).
+template <detail::op_value V, detail::op_value L>
+auto scaled_dot_product_attention_backward(const V& grad_out, const V& q, const V& k, const V& v, const V& out,
+                                           const L& lse, double dropout_p = 0.0, bool is_causal = false,
+                                           std::optional<double> scale = std::nullopt) {
+  using T = typename V::value_type;
+  return detail::apply_op_n<T, T, T>(ops::scaled_dot_product_attention_backward{dropout_p, is_causal, scale},
+                                     grad_out, q, k, v, out, lse);
+}
+
+/// The backward of a masked forward (the same attn_mask).
+template <detail::op_value V, detail::op_value L, detail::op_value M>
+auto scaled_dot_product_attention_backward(const V& grad_out, const V& q, const V& k, const V& v, const V& out,
+                                           const L& lse, const M& attn_mask, double dropout_p = 0.0,
+                                           bool is_causal = false, std::optional<double> scale = std::nullopt) {
+  using T = typename V::value_type;
+  return detail::apply_op_n<T, T, T>(ops::scaled_dot_product_attention_backward{dropout_p, is_causal, scale},
+                                     grad_out, q, k, v, out, lse, attn_mask);
+}
+
+}  // namespace ccgraph

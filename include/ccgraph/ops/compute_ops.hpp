@@ -5,19 +5,22 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include <boost/hana/define_struct.hpp>
 
-#include <ccgraph/core/visit.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/core/visit.hpp>
+#include <ccgraph/expr/fwd.hpp>
 #include <ccgraph/ops/matmul.hpp>
 #include <ccgraph/ops/op_traits.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
@@ -113,6 +116,11 @@ struct cat {
   BOOST_HANA_DEFINE_STRUCT(cat, (std::int64_t, dim));
   static constexpr std::string_view name = "cat";
 };
+/// torch.stack: equal-shaped inputs along a new dim `dim`.
+struct stack {
+  BOOST_HANA_DEFINE_STRUCT(stack, (std::int64_t, dim));
+  static constexpr std::string_view name = "stack";
+};
 /// Tensor.repeat.
 struct repeat {
   BOOST_HANA_DEFINE_STRUCT(repeat, (std::vector<std::int64_t>, repeats));
@@ -185,10 +193,10 @@ inline double meta_bytes(const std::vector<tensor_meta>& ms) {
   return b;
 }
 
-/// The planned buffer for output 0, or a new tensor of its meta.
+/// The planned buffer for output k, or a new tensor of its meta.
 template <class T>
-tensor<T> out_or_new(std::string_view what, const run_args& a) {
-  return a.outs.empty() ? tensor<T>::empty(a.metas.at(0).shape, a.dev) : get_tensor<T>(a.outs[0], what.data());
+tensor<T> out_or_new(std::string_view what, const run_args& a, std::size_t k = 0) {
+  return a.outs.empty() ? tensor<T>::empty(a.metas.at(k).shape, a.dev) : get_tensor<T>(a.outs.at(k), what.data());
 }
 
 /// Inference of a view op: its apply_view on a storage-less tensor (the shape and the errors
@@ -273,6 +281,10 @@ struct op_apply<tensor<T>> {
     return r;
   }
 };
+
+/// What a public op function takes: a tensor, or a traced value (symbolic<T>).
+template <class X>
+concept op_value = tensor_type<X> || is_symbolic_v<std::remove_cvref_t<X>>;
 }  // namespace detail
 
 // ---- the traits of each non-collective op ----
@@ -437,6 +449,39 @@ struct op_traits<ops::cat> {
 };
 
 template <>
+struct op_traits<ops::stack> {
+  using O = ops::stack;
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::in_run;  // stack_kernel's copies run on any device
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    std::vector<shape_t> shapes;
+    for (auto& m : in) shapes.push_back(m.shape);
+    shape_t out = detail::stack_shape(shapes, o.dim);  // first: it rejects an empty list
+    ops::detail::expect_same_dtype(O::name, in);
+    return {{in.front().dtype, std::move(out)}};
+  }
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O& o, const Args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      std::vector<tensor<T>> xs;
+      for (const auto& t : a.in) xs.push_back(get_tensor<T>(t, "stack"));
+      auto r = ops::detail::out_or_new<T>(O::name, a);
+      detail::stack_kernel(xs, o.dim, r);
+      return r;
+    })};
+  }
+  /// Bytes only: reads its inputs, writes its result.
+  static op_cost cost(const O&, const cost_args& a) {
+    return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+template <>
 struct op_traits<ops::repeat> {
   using O = ops::repeat;
   static constexpr op_category category = op_category::compute;
@@ -562,5 +607,19 @@ struct op_traits<ops::contiguous> : view_traits_common<ops::contiguous, alias_ki
   using gradient = gradient_todo;
   using sharding = sharding_todo;
 };
+
+/// Stacks equal-shaped values along a new dim `dim` (in [-(rank+1), rank]) into a new
+/// contiguous tensor, like torch.stack; any strides. On tensors it runs now (waiting on pending
+/// inputs), on traced values it records a `stack` node.
+template <detail::op_value V>
+V stack(const std::vector<V>& xs, std::int64_t dim = 0) {
+  return detail::apply_op_list<typename V::value_type>(ops::stack{dim}, xs).at(0);
+}
+
+/// stack for a braced list: `cg::stack({a, b}, 1)`.
+template <detail::op_value V>
+V stack(std::initializer_list<V> xs, std::int64_t dim = 0) {
+  return stack(std::vector<V>(xs), dim);
+}
 
 }  // namespace ccgraph

@@ -10,19 +10,31 @@
 // end; in T otherwise. The CPU kernels add in a fixed order (the index tensor's row-major
 // order), so they are deterministic; embedding_backward's CUDA kernel adds in the same order and
 // gives the same bits (see cuda/index.cuh).
+//
+// Graph ops (the end of this file): each op's struct and op_traits (inference by the shape
+// functions above, so eager and traced calls fail alike; run by the CPU kernels, and by the CUDA
+// ones through cuda_impl in cuda/index.cuh) and its public function, generic over tensors and
+// traced values: cg::embedding, cg::index_select, cg::gather, cg::scatter_add, and
+// cg::embedding_backward for autograd.
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <optional>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
+
+#include <boost/hana/define_struct.hpp>
 
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
+#include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/ops/kernel_checks.hpp>
+#include <ccgraph/ops/op_traits.hpp>
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
@@ -290,3 +302,266 @@ void scatter_add_cpu(const tensor<T>& self, std::int64_t dim, const tensor<std::
 }
 
 }  // namespace ccgraph::detail
+
+// ---- graph ops ---------------------------------------------------------------------------------
+
+namespace ccgraph {
+namespace ops {
+/// torch.nn.functional.embedding(indices, weight, padding_idx): rows of the [V, D] table.
+/// `padding_idx` only shapes the backward (its row gets no gradient); validated here.
+struct embedding {
+  BOOST_HANA_DEFINE_STRUCT(embedding, (std::optional<std::int64_t>, padding_idx));
+  static constexpr std::string_view name = "embedding";
+};
+/// embedding's backward (aten::embedding_backward): grad [..., D] and the indices give the
+/// table's gradient [num_weights, D]; the padding_idx row stays 0.
+struct embedding_backward {
+  BOOST_HANA_DEFINE_STRUCT(embedding_backward, (std::int64_t, num_weights), (std::optional<std::int64_t>, padding_idx));
+  static constexpr std::string_view name = "embedding_backward";
+};
+/// torch.index_select(input, dim, index).
+struct index_select {
+  BOOST_HANA_DEFINE_STRUCT(index_select, (std::int64_t, dim));
+  static constexpr std::string_view name = "index_select";
+};
+/// torch.gather(input, dim, index).
+struct gather {
+  BOOST_HANA_DEFINE_STRUCT(gather, (std::int64_t, dim));
+  static constexpr std::string_view name = "gather";
+};
+/// torch.scatter_add(self, dim, index, src), out of place.
+struct scatter_add {
+  BOOST_HANA_DEFINE_STRUCT(scatter_add, (std::int64_t, dim));
+  static constexpr std::string_view name = "scatter_add";
+};
+}  // namespace ops
+
+namespace detail {
+
+/// Calls `f(I{})` for the index element type of dtype `dt` (i64 or i32; inference rejected the
+/// rest, so anything else is a node built by hand, refused naming `what`).
+template <class F>
+decltype(auto) visit_index_dtype(dtype dt, const char* what, F&& f) {
+  if (dt == dtype::i32) return f(std::int32_t{});
+  CCGRAPH_CHECK(dt == dtype::i64, what, ": expected an index tensor of dtype i64 or i32, got ", dt);
+  return f(std::int64_t{});
+}
+
+/// The dispatch the CPU and CUDA runs of the index ops share: visits the output's element type
+/// T and the index's I (input `index_at`), takes the planned output (or a new one), and calls
+/// `kernel(T{}, I{}, out)`; `floating_only` ops refuse other types (their inference did first).
+template <class O, bool FloatingOnly = false, class K>
+std::vector<any_tensor> run_index_op(const run_args& a, std::size_t index_at, const K& kernel) {
+  return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    using T = decltype(tag);
+    if constexpr (FloatingOnly && !std::is_floating_point_v<compute_t<T>>) {
+      CCGRAPH_THROW(error, O::name, ": floating-point tensors only (f32, f64, bf16, f16), got ", dtype_v<T>);
+    } else {
+      auto out = ops::detail::out_or_new<T>(O::name, a);
+      visit_index_dtype(::ccgraph::meta_of(a.in.at(index_at)).dtype, O::name.data(), [&](auto itag) {
+        kernel(tag, itag, out);
+      });
+      return out;
+    }
+  })};
+}
+
+/// The bytes an op moving rows reads and writes: its output twice (read from the source,
+/// written) and its index.
+inline double index_op_bytes(const cost_args& a, std::size_t index_at) {
+  return 2 * ops::detail::meta_bytes(a.out) + ops::detail::meta_bytes(a.in.at(index_at));
+}
+
+/// The run of each index op given its kernels (`Kernels::embedding(...)`, ...): the CPU ones
+/// below, the CUDA ones in cuda/index.cuh. One definition of how each op reads its inputs.
+template <class Kernels>
+struct index_op_runs {
+  static std::vector<any_tensor> run(const ops::embedding&, const run_args& a) {
+    return run_index_op<ops::embedding>(a, 0, [&](auto tag, auto itag, const auto& out) {
+      using T = decltype(tag);
+      using I = decltype(itag);
+      Kernels::embedding(get_tensor<I>(a.in[0], "embedding"), get_tensor<T>(a.in.at(1), "embedding"), out);
+    });
+  }
+  static std::vector<any_tensor> run(const ops::embedding_backward& o, const run_args& a) {
+    return run_index_op<ops::embedding_backward, true>(a, 1, [&](auto tag, auto itag, const auto& out) {
+      using T = decltype(tag);
+      using I = decltype(itag);
+      Kernels::embedding_backward(get_tensor<T>(a.in.at(0), "embedding_backward"),
+                                  get_tensor<I>(a.in[1], "embedding_backward"), o.padding_idx, out);
+    });
+  }
+  static std::vector<any_tensor> run(const ops::index_select& o, const run_args& a) {
+    return run_index_op<ops::index_select>(a, 1, [&](auto tag, auto itag, const auto& out) {
+      using T = decltype(tag);
+      using I = decltype(itag);
+      Kernels::index_select(get_tensor<T>(a.in.at(0), "index_select"), o.dim, get_tensor<I>(a.in[1], "index_select"),
+                            out);
+    });
+  }
+  static std::vector<any_tensor> run(const ops::gather& o, const run_args& a) {
+    return run_index_op<ops::gather>(a, 1, [&](auto tag, auto, const auto& out) {
+      using T = decltype(tag);
+      Kernels::gather(get_tensor<T>(a.in.at(0), "gather"), o.dim, get_tensor<std::int64_t>(a.in[1], "gather"), out);
+    });
+  }
+  static std::vector<any_tensor> run(const ops::scatter_add& o, const run_args& a) {
+    return run_index_op<ops::scatter_add>(a, 1, [&](auto tag, auto, const auto& out) {
+      using T = decltype(tag);
+      if constexpr (std::is_same_v<T, bool>) {
+        CCGRAPH_THROW(error, "scatter_add: bool tensors are not supported; convert with .to<U>()");
+      } else {
+        Kernels::scatter_add(get_tensor<T>(a.in.at(0), "scatter_add"), o.dim,
+                             get_tensor<std::int64_t>(a.in[1], "scatter_add"), get_tensor<T>(a.in.at(2), "scatter_add"),
+                             out);
+      }
+    });
+  }
+};
+
+/// The CPU kernels, for index_op_runs.
+struct index_cpu_kernels {
+  template <class... A>
+  static void embedding(const A&... a) { embedding_cpu(a...); }
+  template <class... A>
+  static void embedding_backward(const A&... a) { embedding_backward_cpu(a...); }
+  template <class... A>
+  static void index_select(const A&... a) { index_select_cpu(a...); }
+  template <class... A>
+  static void gather(const A&... a) { gather_cpu(a...); }
+  template <class... A>
+  static void scatter_add(const A&... a) { scatter_add_cpu(a...); }
+};
+
+/// What every index op's traits share: a compute op writing a new tensor, run by the CPU
+/// kernels here and by cuda_impl on devices.
+struct index_traits_common {
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::cuda_impl;  // cuda/index.cuh
+  template <class O>
+  static std::vector<any_tensor> run(const O& o, const run_args& a) {
+    return index_op_runs<index_cpu_kernels>::run(o, a);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+}  // namespace detail
+
+template <>
+struct op_traits<ops::embedding> : detail::index_traits_common {
+  /// Inputs: indices (i64/i32), weight [V, D].
+  static std::vector<tensor_meta> infer(const ops::embedding& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(ops::embedding::name, in, 2);
+    return {{in[1].dtype, detail::embedding_shape(in[0].shape, in[0].dtype, in[1].shape, o.padding_idx)}};
+  }
+  /// Bytes only: reads the looked-up rows and the indices, writes the rows.
+  static op_cost cost(const ops::embedding&, const cost_args& a) {
+    return op_cost::compute(0, detail::index_op_bytes(a, 0), peak_class::none);
+  }
+};
+
+template <>
+struct op_traits<ops::embedding_backward> : detail::index_traits_common {
+  /// Inputs: grad (indices' shape + [D], floating point), indices (i64/i32).
+  static std::vector<tensor_meta> infer(const ops::embedding_backward& o, const std::vector<tensor_meta>& in,
+                                        const infer_ctx&) {
+    ops::detail::expect_inputs(ops::embedding_backward::name, in, 2);
+    shape_t out = detail::embedding_backward_shape(in[0].shape, in[1].shape, in[1].dtype, o.num_weights, o.padding_idx);
+    CCGRAPH_CHECK(is_floating(in[0].dtype), "embedding_backward: grad of dtype ", in[0].dtype,
+                  "; gradients are floating point (f32, f64, bf16, f16)");
+    return {{in[0].dtype, std::move(out)}};
+  }
+  /// One add per element of grad at the vector rate; reads grad and the indices, writes the table.
+  static op_cost cost(const ops::embedding_backward&, const cost_args& a) {
+    return op_cost::compute(double(numel_of(a.in.at(0).shape)),
+                            ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::vector);
+  }
+};
+
+template <>
+struct op_traits<ops::index_select> : detail::index_traits_common {
+  /// Inputs: input, index (1-d or 0-d, i64/i32).
+  static std::vector<tensor_meta> infer(const ops::index_select& o, const std::vector<tensor_meta>& in,
+                                        const infer_ctx&) {
+    ops::detail::expect_inputs(ops::index_select::name, in, 2);
+    return {{in[0].dtype, detail::index_select_shape(in[0].shape, o.dim, in[1].shape, in[1].dtype)}};
+  }
+  static op_cost cost(const ops::index_select&, const cost_args& a) {
+    return op_cost::compute(0, detail::index_op_bytes(a, 1), peak_class::none);
+  }
+};
+
+template <>
+struct op_traits<ops::gather> : detail::index_traits_common {
+  /// Inputs: input, index (i64, input's rank).
+  static std::vector<tensor_meta> infer(const ops::gather& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(ops::gather::name, in, 2);
+    return {{in[0].dtype, detail::gather_shape(in[0].shape, o.dim, in[1].shape, in[1].dtype)}};
+  }
+  static op_cost cost(const ops::gather&, const cost_args& a) {
+    return op_cost::compute(0, detail::index_op_bytes(a, 1), peak_class::none);
+  }
+};
+
+template <>
+struct op_traits<ops::scatter_add> : detail::index_traits_common {
+  /// Inputs: self, index (i64), src (self's dtype).
+  static std::vector<tensor_meta> infer(const ops::scatter_add& o, const std::vector<tensor_meta>& in,
+                                        const infer_ctx&) {
+    ops::detail::expect_inputs(ops::scatter_add::name, in, 3);
+    shape_t out = detail::scatter_add_shape(in[0].shape, o.dim, in[1].shape, in[1].dtype, in[2].shape, in[0].dtype,
+                                            in[2].dtype);
+    CCGRAPH_CHECK(in[0].dtype != dtype::boolean, "scatter_add: bool tensors are not supported; convert with .to<U>()");
+    return {{in[0].dtype, std::move(out)}};
+  }
+  /// One add per index element at the vector rate; reads self, index and src, writes the result.
+  static op_cost cost(const ops::scatter_add&, const cost_args& a) {
+    return op_cost::compute(double(numel_of(a.in.at(1).shape)),
+                            ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::vector);
+  }
+};
+
+/// Rows `indices` of the [V, D] table `weight`: indices' shape + [D] (torch.nn.functional.
+/// embedding). Indices are i64 or i32, each in [0, V) (else an error); `padding_idx` (negative
+/// counts from V) marks the row that gets no gradient. On tensors it runs now, on traced values
+/// it records an `embedding` node.
+template <detail::op_value I, detail::op_value W>
+W embedding(const I& indices, const W& weight, std::optional<std::int64_t> padding_idx = std::nullopt) {
+  return std::get<0>(detail::apply_op_n<typename W::value_type>(ops::embedding{padding_idx}, indices, weight));
+}
+
+/// embedding's backward: the gradient of the [num_weights, D] table, the rows of `grad`
+/// (indices' shape + [D]) summed per looked-up row in the indices' order; `padding_idx`'s row
+/// stays 0 (aten::embedding_backward without scale_grad_by_freq and sparse).
+template <detail::op_value G, detail::op_value I>
+G embedding_backward(const G& grad, const I& indices, std::int64_t num_weights,
+                     std::optional<std::int64_t> padding_idx = std::nullopt) {
+  return std::get<0>(
+      detail::apply_op_n<typename G::value_type>(ops::embedding_backward{num_weights, padding_idx}, grad, indices));
+}
+
+/// The slices of `input` at `index` (1-d or 0-d, i64 or i32) along `dim` (torch.index_select).
+template <detail::op_value V, detail::op_value I>
+V index_select(const V& input, std::int64_t dim, const I& index) {
+  return std::get<0>(detail::apply_op_n<typename V::value_type>(ops::index_select{dim}, input, index));
+}
+
+/// out[i][j][k] = input[index[i][j][k]][j][k] for dim 0, and so on: index's shape (torch.gather;
+/// index i64, of input's rank).
+template <detail::op_value V, detail::op_value I>
+V gather(const V& input, std::int64_t dim, const I& index) {
+  return std::get<0>(detail::apply_op_n<typename V::value_type>(ops::gather{dim}, input, index));
+}
+
+/// self with src added at index along dim: out[index[i][j][k]][j][k] += src[i][j][k] for dim 0
+/// (torch.scatter_add, out of place; index i64). On the CPU the adds run in index order; on a
+/// GPU through atomics (floating-point sums may differ in their last bits run to run).
+template <detail::op_value V, detail::op_value I>
+V scatter_add(const V& self, std::int64_t dim, const I& index, const V& src) {
+  return std::get<0>(detail::apply_op_n<typename V::value_type>(ops::scatter_add{dim}, self, index, src));
+}
+
+}  // namespace ccgraph

@@ -3,6 +3,10 @@
 // and CPU kernels. torch.matmul's batched broadcasting is matmul_shape / matmul_into
 // (ops/matmul.hpp), which bmm reuses. The CUDA kernels (cuBLASLt, with its bias and bias+GELU
 // epilogues for linear) are in <ccgraph/cuda/linear.cuh>.
+//
+// Graph ops (the end of this file): ops::bmm and ops::linear with their op_traits (inference by
+// the shape functions, runs by the CPU kernels here and the cuBLASLt ones through cuda_impl in
+// cuda/linear.cuh), and the public cg::bmm and cg::linear, generic over tensors and traced values.
 #pragma once
 
 #include <cmath>
@@ -11,10 +15,14 @@
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <vector>
+
+#include <boost/hana/define_struct.hpp>
 
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
+#include <ccgraph/ops/compute_ops.hpp>
 #include <ccgraph/ops/kernel_checks.hpp>
 #include <ccgraph/ops/matmul.hpp>
 #include <ccgraph/tensor/tensor.hpp>
@@ -106,3 +114,145 @@ void linear_cpu(const tensor<T>& x, const tensor<T>& w, const std::optional<tens
 }
 
 }  // namespace ccgraph::detail
+
+// ---- graph ops ---------------------------------------------------------------------------------
+
+namespace ccgraph {
+
+/// What linear applies after its bias: linear_activation::none or ::gelu_tanh (see above).
+using linear_activation = detail::linear_activation;
+
+namespace ops {
+/// torch.bmm(batch1, batch2).
+struct bmm {
+  BOOST_HANA_DEFINE_STRUCT(bmm);
+  static constexpr std::string_view name = "bmm";
+};
+/// torch.nn.functional.linear(input, weight, bias), then `activation` (cuBLASLt's epilogue on
+/// GPUs). Inputs: x, w, and the bias when there is one.
+struct linear {
+  BOOST_HANA_DEFINE_STRUCT(linear, (linear_activation, activation));
+  static constexpr std::string_view name = "linear";
+};
+}  // namespace ops
+
+namespace detail {
+
+/// The runs of bmm and linear given their kernels (`Kernels::bmm(a, b, out)`, `Kernels::linear(x,
+/// w, bias, act, out)`): the CPU ones below, the CUDA ones in cuda/linear.cuh.
+template <class Kernels>
+struct linear_op_runs {
+  static std::vector<any_tensor> run(const ops::bmm&, const run_args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      if constexpr (std::is_same_v<T, bool>) {
+        CCGRAPH_THROW(error, "bmm: bool tensors are not supported");
+      } else {
+        auto out = ops::detail::out_or_new<T>(ops::bmm::name, a);
+        Kernels::bmm(get_tensor<T>(a.in.at(0), "bmm"), get_tensor<T>(a.in.at(1), "bmm"), out);
+        return out;
+      }
+    })};
+  }
+  static std::vector<any_tensor> run(const ops::linear& o, const run_args& a) {
+    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+      using T = decltype(tag);
+      if constexpr (!std::is_floating_point_v<compute_t<T>>) {
+        CCGRAPH_THROW(error, "linear: floating-point tensors only (f32, f64, bf16, f16), got ", dtype_v<T>);
+      } else {
+        auto out = ops::detail::out_or_new<T>(ops::linear::name, a);
+        const std::optional<tensor<T>> bias =
+            a.in.size() > 2 ? std::optional<tensor<T>>(get_tensor<T>(a.in[2], "linear")) : std::nullopt;
+        Kernels::linear(get_tensor<T>(a.in.at(0), "linear"), get_tensor<T>(a.in.at(1), "linear"), bias, o.activation,
+                        out);
+        return out;
+      }
+    })};
+  }
+};
+
+/// The CPU kernels, for linear_op_runs.
+struct linear_cpu_kernels {
+  template <class... A>
+  static void bmm(const A&... a) { bmm_cpu(a...); }
+  template <class... A>
+  static void linear(const A&... a) { linear_cpu(a...); }
+};
+
+/// What bmm's and linear's traits share: compute ops writing a new tensor, run by the CPU
+/// kernels here and by cuda_impl on devices.
+struct linear_traits_common {
+  static constexpr op_category category = op_category::compute;
+  static constexpr alias_kind aliasing = alias_kind::fresh;
+  static constexpr bool in_place_input = false;
+  static constexpr device_path device = device_path::cuda_impl;  // cuda/linear.cuh
+  template <class O>
+  template <class Args = run_args>
+  static std::vector<any_tensor> run(const O& o, const Args& a) {
+    return linear_op_runs<linear_cpu_kernels>::run(o, a);
+  }
+  using gradient = gradient_todo;
+  using sharding = sharding_todo;
+};
+
+}  // namespace detail
+
+template <>
+struct op_traits<ops::bmm> : detail::linear_traits_common {
+  static std::vector<tensor_meta> infer(const ops::bmm&, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    ops::detail::expect_inputs(ops::bmm::name, in, 2);
+    ops::detail::expect_same_dtype(ops::bmm::name, in);
+    CCGRAPH_CHECK(in[0].dtype != dtype::boolean, "bmm: bool tensors are not supported");
+    return {{in[0].dtype, detail::bmm_shape(in[0].shape, in[1].shape)}};
+  }
+  /// 2·B·n·m·p FLOPs at the dtype's matmul peak; operands and result as bytes.
+  static op_cost cost(const ops::bmm&, const cost_args& a) {
+    const shape_t& x = a.in.at(0).shape;
+    const double flops = 2.0 * double(x.at(0)) * double(x.at(1)) * double(x.at(2)) * double(a.in.at(1).shape.at(2));
+    return op_cost::compute(flops, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::matmul,
+                            a.in[0].dtype);
+  }
+};
+
+template <>
+struct op_traits<ops::linear> : detail::linear_traits_common {
+  /// Inputs: x [..., in], w [out, in], and optionally bias [out]; one floating dtype.
+  static std::vector<tensor_meta> infer(const ops::linear&, const std::vector<tensor_meta>& in, const infer_ctx&) {
+    CCGRAPH_CHECK(in.size() == 2 || in.size() == 3, "linear: expects 2 or 3 input(s) (x, weight, bias), got ",
+                  in.size());
+    ops::detail::expect_same_dtype(ops::linear::name, in);
+    CCGRAPH_CHECK(is_floating(in[0].dtype), "linear: floating-point tensors only (f32, f64, bf16, f16), got ",
+                  in[0].dtype);
+    const std::optional<shape_t> bias = in.size() > 2 ? std::optional<shape_t>(in[2].shape) : std::nullopt;
+    return {{in[0].dtype, detail::linear_shape(in[0].shape, in[1].shape, bias)}};
+  }
+  /// 2·M·N·K FLOPs (plus one per output element for the bias and for the activation) at the
+  /// dtype's matmul peak; operands and result as bytes.
+  static op_cost cost(const ops::linear& o, const cost_args& a) {
+    const double out = double(numel_of(a.out.at(0).shape));
+    const double k = double(a.in.at(1).shape.at(1));
+    const double epilogue = (a.in.size() > 2 ? out : 0.0) + (o.activation != linear_activation::none ? out : 0.0);
+    return op_cost::compute(2.0 * out * k + epilogue, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out),
+                            peak_class::matmul, a.in[0].dtype);
+  }
+};
+
+/// Batched matrix product of a [B, n, m] and b [B, m, p]: [B, n, p] (torch.bmm; no
+/// broadcasting). On tensors it runs now, on traced values it records a `bmm` node.
+template <detail::op_value V>
+V bmm(const V& a, const V& b) {
+  return detail::apply_op(ops::bmm{}, a, b);
+}
+
+/// x [..., in] times wᵀ (w [out, in]) plus `bias` [out] when given, then `activation`:
+/// [..., out] (torch.nn.functional.linear; the activation is the fused epilogue a tensor-
+/// parallel MLP uses, cuBLASLt's on GPUs). Floating-point dtypes. On tensors it runs now, on
+/// traced values it records a `linear` node.
+template <detail::op_value V>
+V linear(const V& x, const V& w, const std::optional<std::type_identity_t<V>>& bias = std::nullopt,
+         linear_activation activation = linear_activation::none) {
+  if (bias) return detail::apply_op(ops::linear{activation}, x, w, *bias);
+  return detail::apply_op(ops::linear{activation}, x, w);
+}
+
+}  // namespace ccgraph

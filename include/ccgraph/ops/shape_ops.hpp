@@ -1,5 +1,5 @@
 // ccgraph/ops/shape_ops.hpp: ops that move elements without arithmetic: cat, stack, split, copy,
-// repeat.
+// repeat. stack's public function is the graph op's (ops/compute_ops.hpp); split is views.
 #pragma once
 
 #include <algorithm>
@@ -171,31 +171,15 @@ tensor<T> cat(std::initializer_list<tensor<T>> tensors, std::int64_t dim = 0) {
   return cat(std::vector<tensor<T>>(tensors), dim);
 }
 
-/// Stacks equal-shaped tensors along a new dim `dim` into a new contiguous tensor, like
-/// torch.stack (dim in [-(rank+1), rank]). Waits on pending inputs.
-template <element T>
-tensor<T> stack(const std::vector<tensor<T>>& tensors, std::int64_t dim = 0) {
-  std::vector<shape_t> shapes;
-  shapes.reserve(tensors.size());
-  for (const auto& t : tensors) shapes.push_back(t.shape());
-  const shape_t out_shape = detail::stack_shape(shapes, dim);
-  auto out = tensor<T>::empty(out_shape, tensors.front().device());
-  detail::stack_kernel(tensors, dim, out);
-  return out;
-}
-
-/// stack for a braced list: `cg::stack({a, b}, 1)`.
-template <element T>
-tensor<T> stack(std::initializer_list<tensor<T>> tensors, std::int64_t dim = 0) {
-  return stack(std::vector<tensor<T>>(tensors), dim);
-}
-
 /// Splits `t` along `dim` into views of `split_size` elements each (the last smaller when the
-/// size does not divide), like torch.split with an int. Never copies, never waits.
-template <element T>
-std::vector<tensor<T>> split(const tensor<T>& t, std::int64_t split_size, std::int64_t dim = 0) {
+/// size does not divide), like torch.split with an int. Never copies, never waits. On traced
+/// values it records one `narrow` view per piece: the pieces alias the input, as PyTorch's do,
+/// so the graph has no split node that would copy (stack, which must copy, is one: ops::stack).
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> split(const V& t, std::int64_t split_size, std::int64_t dim = 0) {
   const std::vector<std::int64_t> sizes = detail::split_sizes(t.shape(), split_size, dim);
-  std::vector<tensor<T>> out;
+  std::vector<V> out;
   std::int64_t start = 0;
   for (const auto n : sizes) {
     out.push_back(t.narrow(dim, start, n));
@@ -205,11 +189,13 @@ std::vector<tensor<T>> split(const tensor<T>& t, std::int64_t split_size, std::i
 }
 
 /// Splits `t` along `dim` into views of the given sizes, which must add up to the dim's size,
-/// like torch.split with a list (split_with_sizes). Never copies, never waits.
-template <element T>
-std::vector<tensor<T>> split(const tensor<T>& t, const std::vector<std::int64_t>& sizes, std::int64_t dim = 0) {
+/// like torch.split with a list (split_with_sizes). Never copies, never waits; on traced values,
+/// narrow views as above.
+template <class V>
+  requires tensor_type<V> || is_symbolic_v<V>
+std::vector<V> split(const V& t, const std::vector<std::int64_t>& sizes, std::int64_t dim = 0) {
   (void)detail::split_sizes(t.shape(), sizes, dim);
-  std::vector<tensor<T>> out;
+  std::vector<V> out;
   std::int64_t start = 0;
   for (const auto n : sizes) {
     out.push_back(t.narrow(dim, start, n));
