@@ -187,8 +187,7 @@ struct linear_traits_common {
   static constexpr bool in_place_input = false;
   static constexpr device_path device = device_path::cuda_impl;  // cuda/linear.cuh
   template <class O>
-  template <class Args = run_args>
-  static std::vector<any_tensor> run(const O& o, const Args& a) {
+  static std::vector<any_tensor> run(const O& o, const run_args& a) {
     return linear_op_runs<linear_cpu_kernels>::run(o, a);
   }
   using gradient = gradient_todo;
