@@ -639,6 +639,7 @@ struct signature {
              " to rank " + std::to_string(d.peer) + (tag.empty() ? "" : " (tag " + tag + ")");
     }
     auto s = describe(op, inputs, group_info{"", ranks, {}, tag});
+    if (!std::holds_alternative<all_to_all_single>(op)) return s;  // only its dims were blanked (a factor may be -1)
     for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
     return s;
   }
