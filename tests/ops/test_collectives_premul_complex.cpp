@@ -131,9 +131,8 @@ void check_every_reducing_collective(cg::reduce_op op) {
   }
 }
 
-}  // namespace premul_complex_test
-
-using namespace premul_complex_test;
+// The test cases stay in the namespace: in a unity batch, the other collective test files'
+// helpers (value_of, tensor_of) are visible too, and these must win unqualified lookup.
 
 // ---- premul_sum ----
 
@@ -459,3 +458,5 @@ TEST_CASE("complex.compute_ops_refuse_naming_op_and_dtype") {
   cg::visit_any_dtype(cg::dtype::c128, [&](auto t) { seen = std::is_same_v<decltype(t), c128> ? 1 : 2; });
   CHECK(seen == 1);
 }
+
+}  // namespace premul_complex_test
