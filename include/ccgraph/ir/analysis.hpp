@@ -2,6 +2,7 @@
 // structural hash (the cache key of compiled graphs), lint and dead-code elimination.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -57,7 +58,10 @@ struct hasher {
   void add(const std::string& s) { add(std::string_view(s)); }
   void add(bool v) { add(static_cast<std::int64_t>(v)); }
   void add(int v) { add(static_cast<std::int64_t>(v)); }
-  void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
+  void add(reduce_op v) {  // with premul_sum's factor: two factors are two programs
+    add(static_cast<std::int64_t>(v.kind()));
+    add(std::bit_cast<std::int64_t>(v.factor()));
+  }
   void add(double v) {  // by its bits, with -0.0 as 0.0: values that compare equal hash equal
     if (v == 0) v = 0;
     std::int64_t b = 0;
