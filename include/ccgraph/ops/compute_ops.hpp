@@ -441,7 +441,7 @@ struct op_traits<ops::cat> {
   }
   template <class Args = run_args>
   static std::vector<any_tensor> run(const O& o, const Args& a) {
-    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       std::vector<tensor<T>> xs;
       for (const auto& t : a.in) xs.push_back(get_tensor<T>(t, "cat"));
@@ -506,7 +506,7 @@ struct op_traits<ops::repeat> {
   }
   template <class Args = run_args>
   static std::vector<any_tensor> run(const O& o, const Args& a) {
-    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       const auto& x = get_tensor<T>(a.in.at(0), "repeat");
       if (a.outs.empty()) return x.repeat(o.repeats);
@@ -538,7 +538,7 @@ struct op_traits<ops::copy> {
   }
   template <class Args = run_args>
   static std::vector<any_tensor> run(const O&, const Args& a) {
-    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       auto r = ops::detail::out_or_new<T>(O::name, a);
       r.copy_(get_tensor<T>(a.in.at(1), "copy"));
