@@ -133,19 +133,6 @@ inline shape_t sdpa_lse_shape(const tensor_meta& q, const tensor_meta& k, const 
   return out;
 }
 
-/// The metadata of a tensor (what the shape functions take).
-template <element T>
-tensor_meta meta_of(const tensor<T>& t) {
-  return {dtype_v<T>, t.shape()};
-}
-
-/// The optional mask's metadata.
-template <element M>
-std::optional<tensor_meta> meta_of(const std::optional<tensor<M>>& t) {
-  if (!t) return std::nullopt;
-  return meta_of(*t);
-}
-
 /// The mask element types: bool (true = attend) or the query's own type (added to the scores).
 template <class M, class T>
 concept sdpa_mask_element = std::is_same_v<M, bool> || std::is_same_v<M, T>;

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 
 #include <ccgraph/core/device.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
+#include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
 namespace ccgraph::detail {
@@ -23,6 +25,21 @@ void check_kernel_output(const tensor<T>& out, const shape_t& expected, const ch
                 " for a result of shape ", shape_str(expected));
   CCGRAPH_CHECK(out.is_contiguous(), what, ": ", name, " of shape ", shape_str(out.shape()),
                 " must be contiguous (strides ", list_str(out.strides()), ")");
+}
+
+/// The metadata of a tensor (what the shape functions take).
+template <element T>
+tensor_meta meta_of(const tensor<T>& t) {
+  return {dtype_v<T>, t.shape()};
+}
+
+/// The metadata of an optional tensor (a weight, a bias, a mask), or std::nullopt. One
+/// definition for every op family: two templates of this signature that differ only in their
+/// constraints mangle alike (GCC 12), and a translation unit instantiating both fails to assemble.
+template <element T>
+std::optional<tensor_meta> meta_of(const std::optional<tensor<T>>& t) {
+  if (!t) return std::nullopt;
+  return meta_of(*t);
 }
 
 /// Checks that every device in `devices` is `dev`; `what` names the op.

@@ -27,6 +27,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
+#include <ccgraph/ops/kernel_checks.hpp>
 #include <ccgraph/ops/reduction.hpp>
 #include <ccgraph/tensor/strided.hpp>
 #include <ccgraph/tensor/tensor.hpp>
@@ -257,13 +258,6 @@ using optional_tensor = std::optional<tensor<std::type_identity_t<T>>>;
 /// so `nullptr` can be passed.
 template <class T>
 using output_ptr = const tensor<std::type_identity_t<T>>*;
-
-/// The meta of an optional tensor.
-template <class T>
-std::optional<tensor_meta> meta_of(const std::optional<tensor<T>>& t) {
-  if (!t) return std::nullopt;
-  return tensor_meta{dtype_v<T>, t->shape()};
-}
 
 /// layer_norm (RMS: rms_norm) on the CPU: out = (x - mean) * rstd * weight + bias per row of the
 /// normalized dims (rms_norm: x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)). `mean` (not
