@@ -6,6 +6,7 @@
 #include <bit>
 #include <cfenv>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -422,6 +423,29 @@ TEST_CASE("dtype.visit_dtype") {
   int& r = cg::visit_dtype(cg::dtype::i32, [&](auto) -> int& { return target; });
   r = 7;
   CHECK(target == 7);
+}
+
+TEST_CASE("dtype.visit_any_dtype_covers_complex_visit_dtype_refuses_it") {
+  // visit_dtype covers the dtypes compute kernels take; visit_any_dtype adds c64 and c128 for
+  // code that only stores or moves elements.
+  const cg::dtype all[] = {cg::dtype::f32, cg::dtype::f64,  cg::dtype::i32, cg::dtype::i64, cg::dtype::u8,
+                           cg::dtype::boolean, cg::dtype::bf16, cg::dtype::f16, cg::dtype::c64, cg::dtype::c128};
+  for (cg::dtype d : all) {
+    CAPTURE(d);
+    CHECK(cg::visit_any_dtype(d, [](auto x) { return cg::dtype_v<decltype(x)>; }) == d);
+    CHECK(cg::visit_any_dtype(d, [](auto x) { return sizeof(x); }) == cg::element_size(d));
+    if (cg::is_complex(d))
+      CHECK_THROWS_WITH_AS(cg::visit_dtype(d, [](auto) {}),
+                           (std::string(cg::to_string(d)) +
+                            " tensors are not supported by this op: compute ops take real dtypes; collectives, copies "
+                            "and views take complex ones")
+                               .c_str(),
+                           cg::error);
+  }
+  static_assert(cg::dtype_v<std::complex<float>> == cg::dtype::c64 && cg::dtype_v<std::complex<double>> == cg::dtype::c128);
+  static_assert(cg::element<std::complex<double>> && !cg::real_element<std::complex<double>> && cg::real_element<bool>);
+  CHECK(cg::to_string(cg::dtype::c64) == "c64");
+  CHECK(cg::to_string(cg::dtype::c128) == "c128");
 }
 
 // ---- detail::cast ---------------------------------------------------------------------------

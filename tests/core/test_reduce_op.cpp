@@ -39,14 +39,14 @@ cg::reduce_op accept(cg::reduce_op_arg op) { return op; }
 }  // namespace
 
 TEST_CASE("reduce_op.to_string") {
-  static_assert(cg::to_string(cg::reduce_op::sum) == "sum");
-  static_assert(cg::to_string(cg::reduce_op::avg) == "avg");
-  static_assert(cg::to_string(cg::reduce_op::product) == "product");
-  static_assert(cg::to_string(cg::reduce_op::min) == "min");
-  static_assert(cg::to_string(cg::reduce_op::max) == "max");
-  static_assert(cg::to_string(cg::reduce_op::band) == "band");
-  static_assert(cg::to_string(cg::reduce_op::bor) == "bor");
-  static_assert(cg::to_string(cg::reduce_op::bxor) == "bxor");
+  static_assert(cg::to_string(cg::reduce_kind::sum) == "sum");
+  static_assert(cg::to_string(cg::reduce_kind::avg) == "avg");
+  static_assert(cg::to_string(cg::reduce_kind::product) == "product");
+  static_assert(cg::to_string(cg::reduce_kind::min) == "min");
+  static_assert(cg::to_string(cg::reduce_kind::max) == "max");
+  static_assert(cg::to_string(cg::reduce_kind::band) == "band");
+  static_assert(cg::to_string(cg::reduce_kind::bor) == "bor");
+  static_assert(cg::to_string(cg::reduce_kind::bxor) == "bxor");
   for (const auto& n : named_ops) {
     CHECK(cg::to_string(n.op) == n.lower);
     std::ostringstream os;
@@ -76,7 +76,7 @@ TEST_CASE("reduce_op.parse_unknown_lists_valid_ops") {
     for (const auto& n : named_ops) CHECK(msg.find(n.lower) != std::string::npos);
   }
   CHECK(error_of([] { (void)cg::parse_reduce_op("mean"); }) ==
-        "reduce_op: unknown reduce op 'mean'; valid ops are sum, avg, product, min, max, band, bor, bxor");
+        "reduce_op: unknown reduce op 'mean'; valid ops are sum, avg, product, min, max, band, bor, bxor, premul_sum(<factor>)");
   // The error is a ccgraph::error, hence a std::runtime_error.
   CHECK_THROWS_AS((void)cg::parse_reduce_op("nope"), cg::error);
   CHECK_THROWS_AS((void)cg::parse_reduce_op("nope"), std::runtime_error);
@@ -126,7 +126,7 @@ TEST_CASE("reduce_op.arg_conversions") {
   // Unknown names fail at the conversion, with the same message.
   CHECK_THROWS_WITH_AS(accept("bogus"),
                        "reduce_op: unknown reduce op 'bogus'; valid ops are sum, avg, product, min, "
-                       "max, band, bor, bxor",
+                       "max, band, bor, bxor, premul_sum(<factor>)",
                        cg::error);
   CHECK_THROWS_AS(accept(std::string("")), cg::error);
 }
@@ -152,11 +152,11 @@ TEST_CASE("reduce_op.bool_as_bytes") {
     std::uint8_t acc = v[0] ? 1 : 0;
     for (std::size_t i = 1; i < v.size(); ++i) {
       const std::uint8_t b = v[i] ? 1 : 0;
-      switch (op) {
-        case R::sum: acc = static_cast<std::uint8_t>(acc + b); break;
-        case R::product: acc = static_cast<std::uint8_t>(acc * b); break;
-        case R::min: acc = std::min(acc, b); break;
-        case R::max: acc = std::max(acc, b); break;
+      switch (op.kind()) {
+        case cg::reduce_kind::sum: acc = static_cast<std::uint8_t>(acc + b); break;
+        case cg::reduce_kind::product: acc = static_cast<std::uint8_t>(acc * b); break;
+        case cg::reduce_kind::min: acc = std::min(acc, b); break;
+        case cg::reduce_kind::max: acc = std::max(acc, b); break;
         default: FAIL("no byte reduction for ", op);
       }
     }

@@ -136,15 +136,17 @@ vec<T> ref_reduce(const vecs<T>& ins, cg::reduce_op op) {
         else if (op == R::bxor) acc = acc != b;
         else acc = acc && b;
       } else {
-        switch (op) {
-          case R::sum:
-          case R::avg: acc = static_cast<A>(acc + b); break;
-          case R::product: acc = static_cast<A>(acc * b); break;
-          case R::min: acc = std::min(acc, b); break;
-          case R::max: acc = std::max(acc, b); break;
-          case R::band:
-          case R::bor:
-          case R::bxor:
+        using K = cg::reduce_kind;
+        switch (op.kind()) {
+          case K::sum:
+          case K::avg: acc = static_cast<A>(acc + b); break;
+          case K::product: acc = static_cast<A>(acc * b); break;
+          case K::min: acc = std::min(acc, b); break;
+          case K::max: acc = std::max(acc, b); break;
+          case K::premul_sum: FAIL("premul_sum has its own tests (test_collectives_premul_complex.cpp)"); break;
+          case K::band:
+          case K::bor:
+          case K::bxor:
             if constexpr (std::is_integral_v<A>) {
               acc = static_cast<A>(op == R::band ? (acc & b) : op == R::bor ? (acc | b) : (acc ^ b));
             }
@@ -1337,7 +1339,7 @@ TEST_CASE("errors.in_place_wrong_output_shape") {
 }
 
 TEST_CASE("errors.unknown_reduce_op") {
-  const std::string valid = "valid ops are sum, avg, product, min, max, band, bor, bxor";
+  const std::string valid = "valid ops are sum, avg, product, min, max, band, bor, bxor, premul_sum(<factor>)";
   CHECK_THROWS_WITH_AS(cg::reduce_op_arg("mean"),
                        ("reduce_op: unknown reduce op 'mean'; " + valid).c_str(), cg::error);
   CHECK(cg::reduce_op_arg("MaX").value == cg::reduce_op::max);

@@ -25,9 +25,10 @@
 
 namespace ccgraph::cuda::detail {
 
-/// The NCCL element type of `dt` (bool travels as bytes, as in PyTorch).
+/// The NCCL element type of `dt` (bool travels as bytes, complex as pairs of its real type:
+/// c10d's view_as_real, so a count of complex elements doubles: nccl_count).
 inline ncclDataType_t nccl_dtype(dtype dt) {
-  switch (dt) {
+  switch (real_dtype(dt)) {
     case dtype::f32: return ncclFloat32;
     case dtype::f64: return ncclFloat64;
     case dtype::i32: return ncclInt32;
@@ -36,31 +37,78 @@ inline ncclDataType_t nccl_dtype(dtype dt) {
     case dtype::boolean: return ncclUint8;
     case dtype::bf16: return ncclBfloat16;
     case dtype::f16: return ncclFloat16;
+    default: break;
   }
   CCGRAPH_THROW(::ccgraph::error, "nccl: unsupported dtype ", dt);
+}
+
+/// NCCL elements of nccl_dtype(dt) in `n` elements of `dt`: 2n for complex, n otherwise.
+inline std::size_t nccl_count(std::int64_t n, dtype dt) {
+  return static_cast<std::size_t>(n) * (is_complex(dt) ? 2 : 1);
+}
+
+/// An NCCL reduction for one call: a built-in one, or a premul_sum made for it by
+/// ncclRedOpCreatePreMulSum on its communicator and destroyed with this handle, once the call
+/// it was passed to has returned (NCCL allows that, and c10d's ncclRedOpRAII does the same).
+class nccl_redop_handle {
+ public:
+  explicit nccl_redop_handle(ncclRedOp_t op) : op_(op) {}
+  nccl_redop_handle(ncclRedOp_t op, ncclComm_t comm) : op_(op), comm_(comm) {}
+  nccl_redop_handle(const nccl_redop_handle&) = delete;
+  nccl_redop_handle& operator=(const nccl_redop_handle&) = delete;
+  ~nccl_redop_handle() {
+    if (comm_) (void)ncclRedOpDestroy(op_, comm_);  // a destructor cannot throw; NCCL reports misuse on its next call
+  }
+  operator ncclRedOp_t() const { return op_; }  // NOLINT: implicit, to pass it to an NCCL call
+ private:
+  ncclRedOp_t op_;
+  ncclComm_t comm_ = nullptr;
+};
+
+/// premul_sum `op` on elements of `dt` as an NCCL reduction of `comm`: the factor cast to the
+/// element type (a complex tensor's real type), held by NCCL as a host immediate.
+template <class T>
+nccl_redop_handle nccl_premul_sum(reduce_op op, ncclDataType_t ndt, ncclComm_t comm) {
+  const T factor = [&] {
+    if constexpr (std::is_same_v<T, double>) return op.factor();
+    else return T(static_cast<float>(op.factor()));  // as c10d's T(double_factor)
+  }();
+  ncclRedOp_t r{};
+  CCGRAPH_CHECK_NCCL(ncclRedOpCreatePreMulSum(&r, const_cast<T*>(&factor), ndt, ncclScalarHostImmediate, comm));
+  return nccl_redop_handle(r, comm);
 }
 
 /// The NCCL reduction of `op` on elements of type `dt`. bool travels as bytes (nccl_dtype), so
 /// its reductions become the byte ones that give bool results (bool_reduce_as_bytes: sum is
 /// max, product min, as c10d does for sum; a byte sum would wrap to false at 256 trues). NCCL
 /// has no bitwise reductions: band, bor and bxor are errors, except band and bor on bool.
-inline ncclRedOp_t nccl_redop(reduce_op op, dtype dt, const char* what) {
+inline nccl_redop_handle nccl_redop(reduce_op op, dtype dt, ncclComm_t comm, const char* what) {
   if (dt == dtype::boolean) {
     const std::optional<reduce_op> bytes = bool_reduce_as_bytes(op);
     CCGRAPH_CHECK(bytes.has_value(), what, ": reduce op ", op,
                   " on bool tensors is not supported by NCCL (it has sum, product, min, max, band, bor for bool)");
     op = *bytes;
   }
-  switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::avg: return ncclAvg;
-    case reduce_op::product: return ncclProd;
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
+  switch (op.kind()) {
+    case reduce_kind::sum: return nccl_redop_handle(ncclSum);
+    case reduce_kind::avg: return nccl_redop_handle(ncclAvg);
+    case reduce_kind::product: return nccl_redop_handle(ncclProd);
+    case reduce_kind::min: return nccl_redop_handle(ncclMin);
+    case reduce_kind::max: return nccl_redop_handle(ncclMax);
+    case reduce_kind::premul_sum:
+      switch (real_dtype(dt)) {  // ops::infer admits floating and complex tensors only
+        case dtype::f32: return nccl_premul_sum<float>(op, ncclFloat32, comm);
+        case dtype::f64: return nccl_premul_sum<double>(op, ncclFloat64, comm);
+        case dtype::bf16: return nccl_premul_sum<bf16>(op, ncclBfloat16, comm);
+        case dtype::f16: return nccl_premul_sum<f16>(op, ncclFloat16, comm);
+        default: break;
+      }
+      CCGRAPH_THROW(::ccgraph::error, what, ": reduce op ", op, " on ", dt,
+                    " tensors is not supported by NCCL (PreMulSum takes half, float, bfloat16, double)");
     default: break;
   }
   CCGRAPH_THROW(::ccgraph::error, what, ": reduce op ", op,
-                " is not supported by NCCL (it has sum, avg, product, min, max)");
+                " is not supported by NCCL (it has sum, avg, product, min, max, premul_sum)");
 }
 
 /// The device address of a buffer's first element.
@@ -89,10 +137,13 @@ struct nccl_call {
   cudaStream_t stream;
   const char* what;
 
-  std::size_t in_count() const { return static_cast<std::size_t>(numel_of(in.meta.shape)); }
-  std::size_t out_count() const { return static_cast<std::size_t>(numel_of(out.meta.shape)); }
+  /// Counts in NCCL elements of dt() (complex: twice the complex count).
+  std::size_t in_count() const { return nccl_count(numel_of(in.meta.shape), in.meta.dtype); }
+  std::size_t out_count() const { return nccl_count(numel_of(out.meta.shape), out.meta.dtype); }
   ncclDataType_t dt() const { return nccl_dtype(in.meta.dtype); }
-  ncclRedOp_t redop(reduce_op op) const { return nccl_redop(op, in.meta.dtype, what); }
+  /// The reduction for one NCCL call on this communicator: keep the handle alive until the call
+  /// returns (pass `c.redop(op)` straight into it).
+  nccl_redop_handle redop(reduce_op op) const { return nccl_redop(op, in.meta.dtype, comm, what); }
 };
 
 /// The NCCL calls of collective `O`: one tensor at a time, `issue(o, nccl_call)`, or, for an op
@@ -161,14 +212,15 @@ struct nccl_impl<ops::all_to_all_single> {
     const auto& in = c.in;
     const auto& out = c.out;
     const std::int64_t rows_in = in.meta.shape.empty() ? 1 : in.meta.shape[0];
-    const std::int64_t row = rows_in ? numel_of(in.meta.shape) / rows_in : 0;
+    // A row in NCCL elements of c.dt() (a complex element is two).
+    const std::int64_t row = rows_in ? static_cast<std::int64_t>(c.in_count()) / rows_in : 0;
     auto splits = [&](const std::vector<std::int64_t>& v, std::int64_t total) {
       return v.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(n), total / n) : v;
     };
     const std::int64_t rows_out = out.meta.shape.empty() ? 1 : out.meta.shape[0];
     const auto ins = splits(o.input_split_sizes, rows_in);
     const auto outs = splits(o.output_split_sizes, rows_out);
-    const auto esz = static_cast<std::int64_t>(element_size(in.meta.dtype));
+    const auto esz = static_cast<std::int64_t>(element_size(real_dtype(in.meta.dtype)));
     std::int64_t so = 0, ro = 0;
     for (int j = 0; j < n; ++j) {
       const auto sj = static_cast<std::size_t>(j);
@@ -190,7 +242,8 @@ struct nccl_impl<ops::reduce> {
   /// NCCL writes the root's output only; the others return their input, as c10d's.
   static void issue(const ops::reduce& o, const nccl_call& c) {
     if (c.req.rank != o.dst && c.out_ptr != c.in_ptr)
-      CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(c.out_ptr, c.in_ptr, c.in_count() * element_size(c.in.meta.dtype),
+      CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(c.out_ptr, c.in_ptr,
+                                         static_cast<std::size_t>(numel_of(c.in.meta.shape)) * element_size(c.in.meta.dtype),
                                          cudaMemcpyDeviceToDevice, c.stream));
     CCGRAPH_CHECK_NCCL(ncclReduce(c.in_ptr, c.out_ptr, c.in_count(), c.dt(), c.redop(o.op),
                                   c.req.group.index_of(o.dst), c.comm, c.stream));
@@ -209,7 +262,7 @@ struct nccl_impl<ops::batch_isend_irecv> {
       CCGRAPH_CHECK(peer >= 0 && d.peer != req.rank, c.what, ": peer rank ", d.peer, " is not another member of group ",
                     list_str(req.group.ranks));
       const auto& b = d.is_send ? req.inputs.at(si++) : req.outputs.at(ri++);
-      const auto count = static_cast<std::size_t>(numel_of(b.meta.shape));
+      const auto count = nccl_count(numel_of(b.meta.shape), b.meta.dtype);
       if (count == 0) continue;
       if (d.is_send)
         CCGRAPH_CHECK_NCCL(ncclSend(buffer_address(b), count, nccl_dtype(b.meta.dtype), peer, c.comm, c.stream));

@@ -68,7 +68,8 @@ inline pair_reduce_fn& pair_reduce_slot() {
   return f;
 }
 
-/// The element types and reductions the pair_reduce kernel has.
+/// The element types and reductions the pair_reduce kernel has (no premul_sum, no complex:
+/// those all_reduces go to NCCL).
 inline bool pair_reduce_supports(dtype dt, reduce_op op) {
   const bool type_ok = dt == dtype::f32 || dt == dtype::bf16 || dt == dtype::f16;
   const bool op_ok = op == reduce_op::sum || op == reduce_op::avg || op == reduce_op::product ||

@@ -35,18 +35,18 @@ __device__ inline T pair_store(float v) {
   else return v;
 }
 
-template <reduce_op Op>
+template <reduce_kind Op>
 __device__ inline float pair_apply(float a, float b) {
-  if constexpr (Op == reduce_op::sum) return a + b;
-  else if constexpr (Op == reduce_op::avg) return (a + b) * 0.5f;
-  else if constexpr (Op == reduce_op::product) return a * b;
-  else if constexpr (Op == reduce_op::min) return fminf(a, b);
+  if constexpr (Op == reduce_kind::sum) return a + b;
+  else if constexpr (Op == reduce_kind::avg) return (a + b) * 0.5f;
+  else if constexpr (Op == reduce_kind::product) return a * b;
+  else if constexpr (Op == reduce_kind::min) return fminf(a, b);
   else return fmaxf(a, b);
 }
 
 /// out = a (op) b over n elements; `vec` when all three are 16-byte aligned: then each thread
 /// moves 16 bytes per operand at a time (the tail is done element by element).
-template <class T, reduce_op Op>
+template <class T, reduce_kind Op>
 __global__ void pair_reduce_kernel(const T* a, const T* b, T* out, std::size_t n, bool vec) {
   constexpr std::size_t per = 16 / sizeof(T);
   const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
@@ -78,12 +78,13 @@ inline void launch_pair_reduce_typed(const void* a, const void* b, void* out, st
   const auto* x = static_cast<const T*>(a);
   const auto* y = static_cast<const T*>(b);
   auto* z = static_cast<T*>(out);
-  switch (op) {
-    case reduce_op::sum: pair_reduce_kernel<T, reduce_op::sum><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
-    case reduce_op::avg: pair_reduce_kernel<T, reduce_op::avg><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
-    case reduce_op::product: pair_reduce_kernel<T, reduce_op::product><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
-    case reduce_op::min: pair_reduce_kernel<T, reduce_op::min><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
-    case reduce_op::max: pair_reduce_kernel<T, reduce_op::max><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
+  // No premul_sum: pair_reduce_supports refuses it, so it goes to NCCL.
+  switch (op.kind()) {
+    case reduce_kind::sum: pair_reduce_kernel<T, reduce_kind::sum><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
+    case reduce_kind::avg: pair_reduce_kernel<T, reduce_kind::avg><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
+    case reduce_kind::product: pair_reduce_kernel<T, reduce_kind::product><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
+    case reduce_kind::min: pair_reduce_kernel<T, reduce_kind::min><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
+    case reduce_kind::max: pair_reduce_kernel<T, reduce_kind::max><<<grid, 256, 0, s>>>(x, y, z, n, vec); break;
     default: CCGRAPH_THROW(::ccgraph::error, "copy-engine all_reduce: reduce op ", op, " has no kernel");
   }
   CCGRAPH_CHECK_CUDA(cudaGetLastError());

@@ -86,6 +86,8 @@ constexpr std::string_view cast_op_name(dtype d) {
     case dtype::boolean: return "to_bool";
     case dtype::bf16: return "to_bf16";
     case dtype::f16: return "to_f16";
+    case dtype::c64: return "to_c64";
+    case dtype::c128: return "to_c128";
   }
   return "to";
 }

@@ -2,6 +2,7 @@
 // structural hash (the cache key of compiled graphs), lint and dead-code elimination.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -54,8 +55,14 @@ struct hasher {
   void add(const std::string& s) { add(std::string_view(s)); }
   void add(bool v) { add(static_cast<std::int64_t>(v)); }
   void add(int v) { add(static_cast<std::int64_t>(v)); }
-  void add(double v) { bytes(&v, sizeof v); }
-  void add(reduce_op v) { add(static_cast<std::int64_t>(v)); }
+  void add(double v) {  // 0.0 and -0.0 compare equal, so they hash alike
+    if (v == 0) v = 0;
+    bytes(&v, sizeof v);
+  }
+  void add(reduce_op v) {  // with premul_sum's factor: two factors are two programs
+    add(static_cast<std::int64_t>(v.kind()));
+    add(std::bit_cast<std::int64_t>(v.factor()));
+  }
   template <class T>
   void add(const std::vector<T>& v) {
     add(static_cast<std::int64_t>(v.size()));

@@ -126,6 +126,7 @@ inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tenso
   auto out = visit_op(op, [&](const auto& o) {
     using O = std::decay_t<decltype(o)>;
     detail::require_infer<O>();
+    detail::check_complex_inputs<O>(in);
     return op_traits<O>::infer(o, in, ctx);
   });
   // Every value a graph holds has a countable shape (a broadcast or matmul can outgrow its

@@ -144,13 +144,22 @@ inline void print_attr(std::ostream& os, const std::vector<p2p_desc>& v) {
   os << ']';
 }
 
-/// Reduce ops a dtype accepts, as c10d/NCCL define them.
+/// Reduce ops a dtype accepts, as c10d/NCCL define them: bitwise ops on integers and bool
+/// only, no avg of bools, premul_sum on floating (and complex) tensors only, and on complex
+/// tensors (reduced as pairs of reals) only sum, avg and premul_sum (c10d's
+/// complexViewAsRealAllowed).
 inline void check_reduce_dtype(std::string_view what, reduce_op op, dtype dt) {
+  CCGRAPH_CHECK(!is_complex(dt) || op.kind() == reduce_kind::sum || op.kind() == reduce_kind::avg ||
+                    op.kind() == reduce_kind::premul_sum,
+                what, " does not support ", op, " on complex tensors (", dt, "; it supports sum, avg and premul_sum)");
   if (is_bitwise(op))
     CCGRAPH_CHECK(!is_floating(dt), what, ": reduce op ", op,
                   " needs an integer or bool tensor, got ", dt);
   if (dt == dtype::boolean)
     CCGRAPH_CHECK(op != reduce_op::avg, what, ": reduce op avg is not supported for bool tensors");
+  if (op.kind() == reduce_kind::premul_sum)
+    CCGRAPH_CHECK(is_floating(dt) || is_complex(dt), what, ": reduce op ", op,
+                  " needs a floating or complex tensor (f16, bf16, f32, f64, c64, c128), got ", dt);
 }
 
 inline void check_has_dim0(std::string_view what, const tensor_meta& m,
@@ -631,6 +640,7 @@ struct signature {
              " to rank " + std::to_string(d.peer) + (tag.empty() ? "" : " (tag " + tag + ")");
     }
     auto s = describe(op, inputs, group_info{"", ranks, {}, tag});
+    if (!std::holds_alternative<all_to_all_single>(op)) return s;  // only its dims were blanked (a factor may be -1)
     for (std::string::size_type p; (p = s.find("-1")) != std::string::npos;) s.replace(p, 2, "?");
     return s;
   }

@@ -172,7 +172,7 @@ inline void expect_same_dtype(std::string_view what, const std::vector<tensor_me
 /// Applies a tensor view method to a storage-less tensor of meta `m`: its shape, and its errors.
 template <class F>
 tensor_meta view_meta(const tensor_meta& m, F&& f) {
-  return visit_dtype(m.dtype, [&](auto tag) {
+  return visit_any_dtype(m.dtype, [&](auto tag) {
     auto t = f(ccgraph::detail::meta_tensor<decltype(tag)>(m));
     return tensor_meta{m.dtype, t.shape()};
   });
@@ -203,7 +203,7 @@ std::vector<tensor_meta> infer_view(const O& o, const std::vector<tensor_meta>& 
 /// (a view_or_copy op whose input layout forces a copy), a copy into that buffer.
 template <class O>
 std::vector<any_tensor> run_view(const O& o, const run_args& a) {
-  return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+  return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
     using T = decltype(tag);
     const tensor<T>& x = get_tensor<T>(a.in.at(0), O::name.data());
     if (a.outs.empty()) return op_traits<O>::apply_view(o, x);
@@ -228,6 +228,7 @@ std::vector<any_tensor> apply_op_erased(const O& o, const std::vector<any_tensor
   std::vector<tensor_meta> in;
   in.reserve(ins.size());
   for (const auto& t : ins) in.push_back(meta_of(t));
+  check_complex_inputs<O>(in);
   const std::vector<tensor_meta> metas = traits::infer(o, in, infer_ctx{});
   const device dev = ins.empty() ? default_device() : ::ccgraph::detail::visit([](const auto& t) { return t.device(); }, ins[0]);
   const std::vector<any_tensor> none;
@@ -242,6 +243,9 @@ struct op_apply<tensor<T>> {
   static tensor<T> apply(const O& o, const tensor<T>& x, const Ts&... xs) {
     using traits = op_traits<O>;
     require_infer<O>();
+    static_assert(!is_complex_v<T> || op_takes_complex<O>(),
+                  "ccgraph: this op does not take complex tensors (collectives, copies and views do; compute ops "
+                  "take real dtypes): the op is named in the instantiation backtrace");
     const std::vector<tensor_meta> in{tensor_meta{dtype_v<T>, x.shape()}, tensor_meta{dtype_v<T>, xs.shape()}...};
     const std::vector<tensor_meta> metas = traits::infer(o, in, infer_ctx{});
     if constexpr (traits::aliasing == alias_kind::view || traits::aliasing == alias_kind::view_or_copy) {
@@ -257,6 +261,9 @@ struct op_apply<tensor<T>> {
   /// See detail::apply_op_n (ops/op_traits.hpp).
   template <class... Rs, class O, class... Ts>
   static std::tuple<tensor<Rs>...> apply_n(const O& o, const tensor<T>& x, const tensor<Ts>&... xs) {
+    static_assert((!is_complex_v<T> && (!is_complex_v<Ts> && ...)) || op_takes_complex<O>(),
+                  "ccgraph: this op does not take complex tensors (collectives, copies and views do; compute ops "
+                  "take real dtypes): the op is named in the instantiation backtrace");
     const std::vector<any_tensor> outs = apply_op_erased(o, {any_tensor(x), any_tensor(xs)...});
     CCGRAPH_CHECK(outs.size() == sizeof...(Rs), O::name, ": expected ", sizeof...(Rs), " outputs, the op gave ",
                   outs.size());
@@ -267,6 +274,9 @@ struct op_apply<tensor<T>> {
   /// See detail::apply_op_list (ops/op_traits.hpp).
   template <class R, class O>
   static std::vector<tensor<R>> apply_list(const O& o, const std::vector<tensor<T>>& xs) {
+    static_assert(!is_complex_v<T> || op_takes_complex<O>(),
+                  "ccgraph: this op does not take complex tensors (collectives, copies and views do; compute ops "
+                  "take real dtypes): the op is named in the instantiation backtrace");
     const std::vector<any_tensor> outs = apply_op_erased(o, std::vector<any_tensor>(xs.begin(), xs.end()));
     std::vector<tensor<R>> r;
     r.reserve(outs.size());
@@ -407,6 +417,7 @@ template <>
 struct op_traits<ops::cat> {
   using O = ops::cat;
   static constexpr op_category category = op_category::compute;
+  static constexpr bool takes_complex = true;  // moves elements only
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
   static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
@@ -419,7 +430,7 @@ struct op_traits<ops::cat> {
   }
   template <class Args = run_args>
   static std::vector<any_tensor> run(const O& o, const Args& a) {
-    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       std::vector<tensor<T>> xs;
       for (const auto& t : a.in) xs.push_back(get_tensor<T>(t, "cat"));
@@ -441,6 +452,7 @@ template <>
 struct op_traits<ops::repeat> {
   using O = ops::repeat;
   static constexpr op_category category = op_category::compute;
+  static constexpr bool takes_complex = true;  // moves elements only
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
   static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
@@ -450,7 +462,7 @@ struct op_traits<ops::repeat> {
   }
   template <class Args = run_args>
   static std::vector<any_tensor> run(const O& o, const Args& a) {
-    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       const auto& x = get_tensor<T>(a.in.at(0), "repeat");
       if (a.outs.empty()) return x.repeat(o.repeats);
@@ -470,6 +482,7 @@ template <>
 struct op_traits<ops::copy> {
   using O = ops::copy;
   static constexpr op_category category = op_category::compute;
+  static constexpr bool takes_complex = true;  // moves elements only
   static constexpr alias_kind aliasing = alias_kind::fresh;
   static constexpr bool in_place_input = false;
   static constexpr device_path device = device_path::in_run;  // device_runtime / generated kernels
@@ -481,7 +494,7 @@ struct op_traits<ops::copy> {
   }
   template <class Args = run_args>
   static std::vector<any_tensor> run(const O&, const Args& a) {
-    return {visit_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
+    return {visit_any_dtype(a.metas.at(0).dtype, [&](auto tag) -> any_tensor {
       using T = decltype(tag);
       auto r = ops::detail::out_or_new<T>(O::name, a);
       r.copy_(get_tensor<T>(a.in.at(1), "copy"));

@@ -362,7 +362,9 @@ tensor<value_type_t<A>> matmul(const A& a, const B& b) {
   static_assert(is_same_dtype_v<A, B>,
                 "matmul: mixing dtypes: both operands must have the same element type; convert "
                 "one of them with .to<U>()");
-  if constexpr (is_same_dtype_v<A, B>) {
+  static_assert(!is_complex_v<value_type_t<A>>,
+                "matmul: complex tensors (c64, c128) are not supported: compute ops take real dtypes");
+  if constexpr (is_same_dtype_v<A, B> && !is_complex_v<value_type_t<A>>) {
     using T = value_type_t<A>;
     const tensor<T> ta = a;  // evaluates an expression; shares a tensor
     // matmul(c, c) of one expression evaluates it once.

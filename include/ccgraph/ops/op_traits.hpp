@@ -317,6 +317,33 @@ constexpr bool check_op() {
 
 #undef CCGRAPH_OP_REQUIRE
 
+/// True when op O takes complex (c64/c128) tensors: collectives (they move them, and reduce
+/// them as pairs of reals), views, waits, graph inputs and outputs, pointwise expressions (typed
+/// code that compiled for the element type), and a compute op whose traits say
+/// `static constexpr bool takes_complex = true` (the copies: copy, cat, repeat). Other compute
+/// ops' kernels are instantiated for the real dtypes only (visit_dtype).
+template <class O>
+consteval bool op_takes_complex() {
+  using tr = op_traits<O>;
+  if constexpr (requires { tr::takes_complex; }) {
+    return tr::takes_complex;
+  } else {
+    return tr::category != op_category::compute;
+  }
+}
+
+/// The error of a complex input to an op that does not take complex tensors, naming the op and
+/// the input: "matmul: input 0 is c64[2, 2]; complex tensors are not supported by matmul (...)".
+template <class O>
+void check_complex_inputs(const std::vector<tensor_meta>& in) {
+  if constexpr (!op_takes_complex<O>()) {
+    for (std::size_t i = 0; i < in.size(); ++i)
+      CCGRAPH_CHECK(!is_complex(in[i].dtype), O::name, ": input ", i, " is ", in[i].str(),
+                    "; complex tensors are not supported by ", O::name,
+                    " (collectives, copies and views take them; compute ops take real dtypes)");
+  }
+}
+
 /// Where a cuda_impl op's CUDA run is installed (by <ccgraph/cuda.hpp>, at static
 /// initialisation of any translation unit that includes it); null in a host-only program.
 template <class O>

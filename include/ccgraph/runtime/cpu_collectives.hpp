@@ -26,80 +26,94 @@ namespace ccgraph::detail {
 /// mapping (sum and max are "or", product and min are "and"). Integer sums and products wrap
 /// modulo 2^bits, as NCCL's do: computed in the unsigned type, whose arithmetic is modular, and
 /// converted back (defined since C++20), so an overflowing int32/int64 sum is not undefined.
-template <reduce_op Op, class A>
+/// premul_sum adds here: its factor is applied to each input before (reduce_buffers).
+template <reduce_kind Op, class A>
 inline A reduce_pair(A a, A b) {
+  using K = reduce_kind;
   if constexpr (std::is_same_v<A, bool>) {
-    if constexpr (Op == reduce_op::sum || Op == reduce_op::max || Op == reduce_op::bor) return a || b;
-    else if constexpr (Op == reduce_op::bxor) return a != b;
+    if constexpr (Op == K::sum || Op == K::max || Op == K::bor) return a || b;
+    else if constexpr (Op == K::bxor) return a != b;
     else return a && b;  // product, min, band
-  } else if constexpr (std::is_integral_v<A> && (Op == reduce_op::sum || Op == reduce_op::avg ||
-                                                 Op == reduce_op::product)) {
+  } else if constexpr (std::is_integral_v<A> && (Op == K::sum || Op == K::avg || Op == K::product)) {
     // At least unsigned int: a narrower unsigned type would promote to (signed) int, whose
     // product can overflow (uint16 x uint16).
     using U = std::common_type_t<std::make_unsigned_t<A>, unsigned>;
-    if constexpr (Op == reduce_op::product) return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+    if constexpr (Op == K::product) return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
     else return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-  } else if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+  } else if constexpr (Op == K::sum || Op == K::avg || Op == K::premul_sum) {
     return static_cast<A>(a + b);
-  } else if constexpr (Op == reduce_op::product) {
+  } else if constexpr (Op == K::product) {
     return static_cast<A>(a * b);
-  } else if constexpr (Op == reduce_op::min) {
+  } else if constexpr (Op == K::min) {
     return b < a ? b : a;
-  } else if constexpr (Op == reduce_op::max) {
+  } else if constexpr (Op == K::max) {
     return a < b ? b : a;
   } else if constexpr (std::is_integral_v<A>) {
-    if constexpr (Op == reduce_op::band) return static_cast<A>(a & b);
-    else if constexpr (Op == reduce_op::bor) return static_cast<A>(a | b);
+    if constexpr (Op == K::band) return static_cast<A>(a & b);
+    else if constexpr (Op == K::bor) return static_cast<A>(a | b);
     else return static_cast<A>(a ^ b);
   } else {
     return a;  // bitwise ops on floats are rejected by ops::infer before we get here
   }
 }
 
-/// Calls `f(std::integral_constant<reduce_op, op>{})`: the switch that keeps the op out of the
-/// element loop.
+/// Calls `f(std::integral_constant<reduce_kind, op.kind()>{})`: the switch that keeps the op
+/// out of the element loop.
 template <class F>
 void visit_reduce_op(reduce_op op, F&& f) {
-  switch (op) {
-    case reduce_op::sum: return f(std::integral_constant<reduce_op, reduce_op::sum>{});
-    case reduce_op::avg: return f(std::integral_constant<reduce_op, reduce_op::avg>{});
-    case reduce_op::product: return f(std::integral_constant<reduce_op, reduce_op::product>{});
-    case reduce_op::min: return f(std::integral_constant<reduce_op, reduce_op::min>{});
-    case reduce_op::max: return f(std::integral_constant<reduce_op, reduce_op::max>{});
-    case reduce_op::band: return f(std::integral_constant<reduce_op, reduce_op::band>{});
-    case reduce_op::bor: return f(std::integral_constant<reduce_op, reduce_op::bor>{});
-    case reduce_op::bxor: return f(std::integral_constant<reduce_op, reduce_op::bxor>{});
+  using K = reduce_kind;
+  switch (op.kind()) {
+    case K::sum: return f(std::integral_constant<K, K::sum>{});
+    case K::avg: return f(std::integral_constant<K, K::avg>{});
+    case K::product: return f(std::integral_constant<K, K::product>{});
+    case K::min: return f(std::integral_constant<K, K::min>{});
+    case K::max: return f(std::integral_constant<K, K::max>{});
+    case K::band: return f(std::integral_constant<K, K::band>{});
+    case K::bor: return f(std::integral_constant<K, K::bor>{});
+    case K::bxor: return f(std::integral_constant<K, K::bxor>{});
+    case K::premul_sum: return f(std::integral_constant<K, K::premul_sum>{});
   }
 }
 
 /// out[i] = reduce over k of ins[k][i], in the order of `ins`, accumulating in compute_t<T>;
 /// avg divides the (wrapped) sum by the number of inputs (integer division for integer types,
-/// as NCCL).
+/// as NCCL); premul_sum multiplies each input by its factor, cast to T (as NCCL's
+/// ncclRedOpCreatePreMulSum takes it) and computed in compute_t<T>, then sums.
 template <class T>
 void reduce_buffers(T* out, const std::vector<const T*>& ins, std::int64_t count, reduce_op op) {
   using A = std::conditional_t<std::is_same_v<T, bool>, bool, compute_t<T>>;
   constexpr std::int64_t block = 1024;  // accumulate a block across all inputs, then store
   A acc[block];
   visit_reduce_op(op, [&](auto opc) {
-    constexpr reduce_op Op = decltype(opc)::value;
-    for (std::int64_t base = 0; base < count; base += block) {
-      const std::int64_t len = std::min(block, count - base);
-      const T* first = ins[0] + base;
-      for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(first[i]);
-      for (std::size_t k = 1; k < ins.size(); ++k) {
-        const T* in = ins[k] + base;
-        for (std::int64_t i = 0; i < len; ++i) acc[i] = reduce_pair<Op, A>(acc[i], static_cast<A>(in[i]));
+    constexpr reduce_kind Op = decltype(opc)::value;
+    if constexpr (Op == reduce_kind::premul_sum && (std::is_integral_v<A> || std::is_same_v<A, bool>)) {
+      CCGRAPH_THROW(error, "premul_sum: needs a floating or complex tensor, got ", dtype_v<T>);  // ops::infer refuses first
+    } else {
+      [[maybe_unused]] A factor{};
+      if constexpr (Op == reduce_kind::premul_sum) factor = static_cast<A>(cast<T>(op.factor()));
+      auto load = [&](const T& v) {
+        if constexpr (Op == reduce_kind::premul_sum) return static_cast<A>(static_cast<A>(v) * factor);
+        else return static_cast<A>(v);
+      };
+      for (std::int64_t base = 0; base < count; base += block) {
+        const std::int64_t len = std::min(block, count - base);
+        const T* first = ins[0] + base;
+        for (std::int64_t i = 0; i < len; ++i) acc[i] = load(first[i]);
+        for (std::size_t k = 1; k < ins.size(); ++k) {
+          const T* in = ins[k] + base;
+          for (std::int64_t i = 0; i < len; ++i) acc[i] = reduce_pair<Op, A>(acc[i], load(in[i]));
+        }
+        if constexpr (Op == reduce_kind::avg && std::is_integral_v<A> && !std::is_same_v<A, bool>) {
+          // In int64: the count need not fit A (256 ranks averaging u8 would divide by zero).
+          const auto n = static_cast<std::int64_t>(ins.size());
+          for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(static_cast<std::int64_t>(acc[i]) / n);
+        } else if constexpr (Op == reduce_kind::avg && !std::is_same_v<A, bool>) {
+          const A n = static_cast<A>(ins.size());
+          for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / n);
+        }
+        T* o = out + base;
+        for (std::int64_t i = 0; i < len; ++i) o[i] = cast<T>(acc[i]);
       }
-      if constexpr (Op == reduce_op::avg && std::is_integral_v<A> && !std::is_same_v<A, bool>) {
-        // In int64: the count need not fit A (256 ranks averaging u8 would divide by zero).
-        const auto n = static_cast<std::int64_t>(ins.size());
-        for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(static_cast<std::int64_t>(acc[i]) / n);
-      } else if constexpr (Op == reduce_op::avg && !std::is_same_v<A, bool>) {
-        const A n = static_cast<A>(ins.size());
-        for (std::int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / n);
-      }
-      T* o = out + base;
-      for (std::int64_t i = 0; i < len; ++i) o[i] = cast<T>(acc[i]);
     }
   });
 }
@@ -152,11 +166,20 @@ struct cpu_member {
 
   static std::int64_t bytes_of(const buffer& b) { return numel_of(b.meta.shape) * static_cast<std::int64_t>(sizeof(T)); }
   /// Output k = the reduction (in group order) of chunk `chunk` (output-sized) of every member's input k.
+  /// Complex elements are reduced as pairs of reals (c10d's view_as_real; ops::infer allows
+  /// only the reductions for which that is right: sum, avg, premul_sum).
   void reduce(std::size_t k, reduce_op op, std::int64_t chunk) const {
     const std::int64_t count = numel_of(mine.outputs[k].meta.shape);
     std::vector<const T*> ins;
     for (auto* r : all) ins.push_back(r->inputs[k].template data<T>() + chunk * count);
-    reduce_buffers<T>(mine.outputs[k].template data<T>(), ins, count, op);
+    if constexpr (is_complex_v<T>) {
+      using R = typename T::value_type;
+      std::vector<const R*> parts;
+      for (const T* p : ins) parts.push_back(reinterpret_cast<const R*>(p));
+      reduce_buffers<R>(reinterpret_cast<R*>(mine.outputs[k].template data<T>()), parts, 2 * count, op);
+    } else {
+      reduce_buffers<T>(mine.outputs[k].template data<T>(), ins, count, op);
+    }
   }
   /// Output k = every member's input k, concatenated in group order.
   void gather(std::size_t k) const {
@@ -191,7 +214,7 @@ struct cpu_member {
 inline void run_cpu_collective(const collective_request& mine,
                                const std::vector<const collective_request*>& all, int me) {
   // A receive has no input: its output's dtype is the transfer's.
-  visit_dtype((mine.inputs.empty() ? mine.outputs.at(0) : mine.inputs[0]).meta.dtype, [&](auto tag) {
+  visit_any_dtype((mine.inputs.empty() ? mine.outputs.at(0) : mine.inputs[0]).meta.dtype, [&](auto tag) {
     const cpu_member<decltype(tag)> m{mine, all, me};
     ::ccgraph::detail::visit(
         [&](const auto& o) {

@@ -94,7 +94,7 @@ inline void copy_any(const any_tensor& dst, const any_tensor& src) {
 
 /// A tensor of meta `m` at byte `offset` of `arena` (contiguous).
 inline any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset) {
-  return visit_dtype(m.dtype, [&](auto tag) -> any_tensor {
+  return visit_any_dtype(m.dtype, [&](auto tag) -> any_tensor {
     using T = decltype(tag);
     return tensor<T>(arena, m.shape, contiguous_strides(m.shape), offset / static_cast<std::int64_t>(sizeof(T)));
   });
@@ -349,7 +349,7 @@ class basic_executor {
     }
     const node* out_node = g_.nodes().back();
     for (auto& a : out_node->args())
-      cg->outputs.push_back(visit_dtype(a.src->meta(a.index).dtype, [&](auto tag) -> any_tensor {
+      cg->outputs.push_back(visit_any_dtype(a.src->meta(a.index).dtype, [&](auto tag) -> any_tensor {
         return tensor<decltype(tag)>::empty(a.src->meta(a.index).shape, cg->dev);
       }));
     if (plan_) cg->arena = detail::storage::allocate(cg->dev, static_cast<std::size_t>(plan_->arena_bytes));
@@ -489,7 +489,7 @@ class basic_executor {
       } else if constexpr (traits::category == op_category::collective) {
         // A batch of sends only has no output: its dtype is its inputs'.
         const dtype dt = n.num_outputs() > 0 ? n.dtype() : n.args().at(0).src->dtype(n.args()[0].index);
-        return visit_dtype(dt, [&](auto tag) {
+        return visit_any_dtype(dt, [&](auto tag) {
           using T = decltype(tag);
           std::vector<tensor<T>> xs, into;
           for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));

@@ -12,10 +12,12 @@
 
 namespace ccgraph {
 
-/// One tensor<T> of any element type.
+/// One tensor<T> of any element type, complex ones included (code that computes on an
+/// any_tensor dispatches with visit_dtype, which refuses them).
 using any_tensor = std::variant<tensor<float>, tensor<double>, tensor<std::int32_t>,
                                 tensor<std::int64_t>, tensor<std::uint8_t>, tensor<bool>,
-                                tensor<bf16>, tensor<f16>>;
+                                tensor<bf16>, tensor<f16>, tensor<std::complex<float>>,
+                                tensor<std::complex<double>>>;
 
 /// Element type and shape of `t`.
 inline tensor_meta meta_of(const any_tensor& t) {
@@ -32,7 +34,7 @@ const tensor<T>& get_tensor(const any_tensor& t, const char* what) {
 
 /// A new uninitialised tensor of the given meta.
 inline any_tensor empty_like_meta(const tensor_meta& m) {
-  return visit_dtype(m.dtype, [&](auto tag) -> any_tensor {
+  return visit_any_dtype(m.dtype, [&](auto tag) -> any_tensor {
     return tensor<decltype(tag)>::empty(m.shape);
   });
 }

@@ -15,7 +15,10 @@ namespace detail {
 template <class T>
 std::string format_element(T v) {
   std::ostringstream os;
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (is_complex_v<T>) {  // as PyTorch: 1.+2.j, 0.5-1.j
+    const std::string im = format_element(v.imag());
+    os << format_element(v.real()) << (im.front() == '-' ? "" : "+") << im << 'j';
+  } else if constexpr (std::is_same_v<T, bool>) {
     os << (v ? "True" : "False");
   } else if constexpr (std::is_same_v<T, std::uint8_t>) {
     os << static_cast<int>(v);
