@@ -42,9 +42,9 @@ measure() {
     failed=1
   fi
 }
-measure "umbrella, -fsyntax-only" 9 "$CXX" "${flags[@]}" -fsyntax-only "$tmp/umbrella.cpp"
-measure "umbrella, -c -O0" 10 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella.cpp" -o "$tmp/u.o"
-measure "umbrella + schedule + compile_function, -c" 12 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella_schedule.cpp" -o "$tmp/us.o"
-measure "README program, -O0, linked" 25 "$CXX" "${flags[@]}" -O0 "$tmp/readme.cpp" -o "$tmp/readme0"
-measure "README program, -O2, linked" 45 "$CXX" "${flags[@]}" -O2 "$tmp/readme.cpp" -o "$tmp/readme2"
+measure "umbrella, -fsyntax-only" 12 "$CXX" "${flags[@]}" -fsyntax-only "$tmp/umbrella.cpp"
+measure "umbrella, -c -O0" 13 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella.cpp" -o "$tmp/u.o"
+measure "umbrella + schedule + compile_function, -c" 14 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella_schedule.cpp" -o "$tmp/us.o"
+measure "README program, -O0, linked" 28 "$CXX" "${flags[@]}" -O0 "$tmp/readme.cpp" -o "$tmp/readme0"
+measure "README program, -O2, linked" 50 "$CXX" "${flags[@]}" -O2 "$tmp/readme.cpp" -o "$tmp/readme2"
 exit "$failed"
