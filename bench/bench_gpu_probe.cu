@@ -9,6 +9,8 @@
 //      SMs: NCCL 2.28's zero-CTA all_gather / all_to_all between symmetric windows, an
 //      all_reduce made of them, and plain peer copies (what the copy-engine all_reduce uses).
 // Prints one table per part.
+// This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all.
+#define CCGRAPH_CUDA_NO_OP_KERNELS
 #include <ccgraph/cuda.hpp>
 
 #include <cuda_bf16.h>

@@ -12,6 +12,8 @@
 // back to back, as the benchmarks do, and divides by their number.
 //
 //   bench_gpu_timeline [N ...]    (seed program sizes; default 8192)
+// This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all.
+#define CCGRAPH_CUDA_NO_OP_KERNELS
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 

@@ -1477,11 +1477,13 @@ struct attention_cuda_kernels {
 
 template <>
 struct cuda_impl<ops::scaled_dot_product_attention> {
-  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention& o, const run_args& a) { return detail::attention_op_runs<detail::attention_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention& o, const Args& a) { return detail::attention_op_runs<detail::attention_cuda_kernels>::run(o, a); }
 };
 template <>
 struct cuda_impl<ops::scaled_dot_product_attention_backward> {
-  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention_backward& o, const run_args& a) { return detail::attention_op_runs<detail::attention_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::scaled_dot_product_attention_backward& o, const Args& a) { return detail::attention_op_runs<detail::attention_cuda_kernels>::run(o, a); }
 };
 
 }  // namespace ccgraph

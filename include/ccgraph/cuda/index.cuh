@@ -464,23 +464,28 @@ struct index_cuda_kernels {
 
 template <>
 struct cuda_impl<ops::embedding> {
-  static std::vector<any_tensor> run(const ops::embedding& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::embedding& o, const Args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
 };
 template <>
 struct cuda_impl<ops::embedding_backward> {
-  static std::vector<any_tensor> run(const ops::embedding_backward& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::embedding_backward& o, const Args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
 };
 template <>
 struct cuda_impl<ops::index_select> {
-  static std::vector<any_tensor> run(const ops::index_select& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::index_select& o, const Args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
 };
 template <>
 struct cuda_impl<ops::gather> {
-  static std::vector<any_tensor> run(const ops::gather& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::gather& o, const Args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
 };
 template <>
 struct cuda_impl<ops::scatter_add> {
-  static std::vector<any_tensor> run(const ops::scatter_add& o, const run_args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::scatter_add& o, const Args& a) { return detail::index_op_runs<detail::index_cuda_kernels>::run(o, a); }
 };
 
 }  // namespace ccgraph

@@ -2,6 +2,11 @@
 // cuda_impl (ops/op_traits.hpp) into the slot host code calls for device tensors, and fails to
 // compile, naming the behaviour, when such an op has no cuda_impl. <ccgraph/cuda.hpp> includes it
 // after every op's .cuh, in translation units compiled by nvcc; it holds no CUDA code itself.
+//
+// Installing compiles every op's kernels (a cuda_impl's run is a member template, instantiated
+// only here), which costs minutes of CPU per translation unit. A program with several nvcc
+// translation units defines CCGRAPH_CUDA_NO_OP_KERNELS in all but one of them: those skip the
+// kernels and reach them through the slots the one installing unit fills.
 #pragma once
 
 #include <variant>
@@ -10,14 +15,32 @@
 
 namespace ccgraph::cuda::detail {
 
+/// Checks that op O, when its device path is cuda_impl, has a cuda_impl (a static_assert naming
+/// the op and the behaviour otherwise).
+template <class O>
+constexpr bool check_device_run() {
+  if constexpr (::ccgraph::detail::op_has_device_path<O>) {
+    if constexpr (op_traits<O>::device == device_path::cuda_impl) ::ccgraph::detail::require_cuda_impl<O>();
+  }
+  return true;
+}
+
+/// Checks every op of a closed set.
+template <class... Os>
+constexpr bool check_device_runs(const std::variant<Os...>*) {
+  return (check_device_run<Os>() && ...);
+}
+
+static_assert(check_device_runs(static_cast<const node_op*>(nullptr)));
+
+#ifndef CCGRAPH_CUDA_NO_OP_KERNELS
 /// Installs op O's CUDA run when its device path is cuda_impl.
 template <class O>
 bool install_device_run() {
   if constexpr (::ccgraph::detail::op_has_device_path<O>) {
     if constexpr (op_traits<O>::device == device_path::cuda_impl) {
-      ::ccgraph::detail::require_cuda_impl<O>();
       if constexpr (::ccgraph::detail::op_has_cuda_impl<O>)
-        ::ccgraph::detail::device_run_slot<O> = &::ccgraph::cuda_impl<O>::run;
+        ::ccgraph::detail::device_run_slot<O> = &::ccgraph::cuda_impl<O>::template run<run_args>;
     }
   }
   return true;
@@ -30,7 +53,9 @@ bool install_device_runs(const std::variant<Os...>*) {
 }
 
 /// Done at static initialisation of every translation unit that includes <ccgraph/cuda.hpp>
-/// under nvcc (each writes the same pointers), so a device tensor reaching an op's run finds it.
+/// under nvcc without CCGRAPH_CUDA_NO_OP_KERNELS (each writes the same pointers), so a device
+/// tensor reaching an op's run finds it.
 inline const bool device_runs_installed = install_device_runs(static_cast<const node_op*>(nullptr));
+#endif
 
 }  // namespace ccgraph::cuda::detail

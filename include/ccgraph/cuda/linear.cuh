@@ -155,11 +155,13 @@ struct linear_cuda_kernels {
 
 template <>
 struct cuda_impl<ops::bmm> {
-  static std::vector<any_tensor> run(const ops::bmm& o, const run_args& a) { return detail::linear_op_runs<detail::linear_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::bmm& o, const Args& a) { return detail::linear_op_runs<detail::linear_cuda_kernels>::run(o, a); }
 };
 template <>
 struct cuda_impl<ops::linear> {
-  static std::vector<any_tensor> run(const ops::linear& o, const run_args& a) { return detail::linear_op_runs<detail::linear_cuda_kernels>::run(o, a); }
+  template <class Args = run_args>  // a template: its kernels compile only where it is installed
+  static std::vector<any_tensor> run(const ops::linear& o, const Args& a) { return detail::linear_op_runs<detail::linear_cuda_kernels>::run(o, a); }
 };
 
 }  // namespace ccgraph

@@ -840,7 +840,8 @@ void var_backward_cuda(const tensor<T>& grad, const tensor<T>& in, const std::ve
 #define CCGRAPH_CUDA_IMPL_VIA(OP, kernel)                                                        \
   template <>                                                                                  \
   struct cuda_impl<ops::OP> {                                                                  \
-    static std::vector<any_tensor> run(const ops::OP& o, const run_args& a) {                  \
+    template <class Args = run_args> /* compiled only where installed */                       \
+    static std::vector<any_tensor> run(const ops::OP& o, const Args& a) {                      \
       return op_traits<ops::OP>::run_with(o, a, [](const auto&... xs) { kernel(xs...); });     \
     }                                                                                          \
   };

@@ -345,7 +345,8 @@ void check_complex_inputs(const std::vector<tensor_meta>& in) {
 }
 
 /// Where a cuda_impl op's CUDA run is installed (by <ccgraph/cuda.hpp>, at static
-/// initialisation of any translation unit that includes it); null in a host-only program.
+/// initialisation of any nvcc translation unit that includes it without
+/// CCGRAPH_CUDA_NO_OP_KERNELS); null in a host-only program.
 template <class O>
 inline std::vector<any_tensor> (*device_run_slot)(const O&, const run_args&) = nullptr;
 
@@ -360,7 +361,8 @@ std::vector<any_tensor> run_op(const O& o, const run_args& a) {
         const auto f = device_run_slot<O>;
         CCGRAPH_CHECK(f != nullptr, O::name, ": tensor on ", a.dev,
                       " but no CUDA kernel is installed for it; include <ccgraph/cuda.hpp> in a "
-                      "translation unit compiled by nvcc and link ccgraph::cuda");
+                      "translation unit compiled by nvcc without CCGRAPH_CUDA_NO_OP_KERNELS, and link "
+                      "ccgraph::cuda");
         return f(o, a);
       }
     }
