@@ -19,6 +19,9 @@
 #include <type_traits>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_attention {
+
 namespace cg = ccgraph;
 using namespace ccgraph_test;
 
@@ -320,3 +323,4 @@ GPU_TEST_CASE("sdpa.cuda.forward_then_backward_on_device") {
   check_close(gk, dk, 5e-2, 5e-2, "grad_k");
   check_close(gv, dv, 5e-2, 5e-2, "grad_v");
 }
+}  // namespace gpu_test_attention

@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_cuda_basics {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -184,3 +187,4 @@ GPU_TEST_CASE("cuda.nccl.all_reduce.world1") {
   moved.abort();
   CHECK_FALSE(moved);
 }
+}  // namespace gpu_test_cuda_basics

@@ -16,6 +16,9 @@
 #include <cstdint>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_gpu_agreement {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -83,3 +86,4 @@ GPUS_TEST_CASE("nccl.agreement.decompose.second_reader_on_one_rank.2_gpus", 2) {
     CHECK(same == std::vector<char>{1, 1});
   }
 }
+}  // namespace gpu_test_gpu_agreement

@@ -18,6 +18,9 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_gpu_graphs {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -294,3 +297,4 @@ TEST_CASE("gpu_graphs.cuda_graph_on_a_cpu_rank_is_an_error") {
                          cg::error);
   });
 }
+}  // namespace gpu_test_gpu_graphs

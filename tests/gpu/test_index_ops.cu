@@ -17,6 +17,9 @@
 #include <type_traits>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_index_ops {
+
 namespace cg = ccgraph;
 using namespace ccgraph_test;
 
@@ -191,3 +194,4 @@ GPU_TEST_CASE("index_ops.cuda.errors") {
   auto host = cg::tensor<float>::empty({2, 3});
   CHECK(op_contains(op_error_of([&] { cg::detail::embedding_cuda(idx, w.cpu(), host); }), "not a CUDA device"));
 }
+}  // namespace gpu_test_index_ops

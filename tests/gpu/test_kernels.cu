@@ -26,6 +26,9 @@
 #include <type_traits>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_kernels {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -612,3 +615,4 @@ GPU_TEST_CASE("gemm.and_pointwise.capture_and_replay") {
   CCGRAPH_CHECK_CUDA(cudaMemcpy(replayed.data(), dr.get(), m * n * sizeof(float), cudaMemcpyDeviceToHost));
   CHECK(replayed == eager);
 }
+}  // namespace gpu_test_kernels

@@ -16,6 +16,9 @@
 #include <type_traits>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_linear {
+
 namespace cg = ccgraph;
 using namespace ccgraph_test;
 
@@ -149,3 +152,4 @@ GPU_TEST_CASE("gemm.cuda.strided_batched_backends_agree") {
     if (cg::cuda::detail::gemm_run(backend, g)) check_close(c, want, 1e-12, 1e-12, "gemm_run");
   }
 }
+}  // namespace gpu_test_linear

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_loss {
+
 namespace gpu_loss_tests {
 
 namespace cg = ccgraph;
@@ -144,3 +147,4 @@ GPU_TEST_CASE("cuda.cross_entropy.bad_targets") {
 }
 
 }  // namespace gpu_loss_tests
+}  // namespace gpu_test_loss

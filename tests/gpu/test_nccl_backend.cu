@@ -23,6 +23,9 @@
 #include <thread>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_nccl_backend {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -951,3 +954,4 @@ GPU_TEST_CASE("nccl.group_of_another_world_is_refused.1_gpu") {
   CHECK(launched == "all_reduce: group [0, 1, 2, 3, 4, 5, 6, 7] does not fit a world of 1 ranks (rank 0)");
   CHECK(split == "all_reduce: the partition [[0], [1]] of group [0] does not split a world of 1 ranks (rank 0)");
 }
+}  // namespace gpu_test_nccl_backend

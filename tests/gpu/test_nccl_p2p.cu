@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_nccl_p2p {
+
 namespace cg = ccgraph;
 
 namespace p2p_gpu_test {
@@ -121,3 +124,4 @@ GPUS_TEST_CASE("nccl.p2p_traced_pipeline_step_matches_eager.2_gpus", 2) {
     CHECK(cg::compile(cg::schedule(g, {"overlap"}), ctx)(x).to_vector() == eager);
   });
 }
+}  // namespace gpu_test_nccl_p2p

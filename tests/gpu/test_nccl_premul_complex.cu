@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_nccl_premul_complex {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -181,3 +184,4 @@ TEST_CASE("nccl.copy_engine_all_reduce_refuses_premul_sum_and_complex") {
   CHECK_FALSE(copy_engine_eligible(opt, request(cg::premul_sum(0.5), cg::dtype::bf16)));
   CHECK_FALSE(copy_engine_eligible(opt, request(cg::reduce_op::sum, cg::dtype::c64)));
 }
+}  // namespace gpu_test_nccl_premul_complex

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_normalization {
+
 namespace gpu_normalization_tests {
 
 namespace cg = ccgraph;
@@ -250,3 +253,4 @@ GPU_TEST_CASE("cuda.layer_norm.no_rows") {
 }
 
 }  // namespace gpu_normalization_tests
+}  // namespace gpu_test_normalization

@@ -17,6 +17,9 @@
 #include <type_traits>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_pointwise_random {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -226,3 +229,4 @@ GPU_TEST_CASE("random_gpu.traced_dropout_and_cuda_graphs") {
                          doctest::Contains("draws random numbers"), cg::error);
   });
 }
+}  // namespace gpu_test_pointwise_random

@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_reduction {
+
 namespace gpu_reduction_tests {
 
 namespace cg = ccgraph;
@@ -275,3 +278,4 @@ GPU_TEST_CASE("cuda.reduction.backward") {
 }
 
 }  // namespace gpu_reduction_tests
+}  // namespace gpu_test_reduction

@@ -16,6 +16,9 @@
 #include <tuple>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_reduction_ops {
+
 namespace reduction_ops_gpu_tests {
 
 namespace cg = ccgraph;
@@ -103,3 +106,4 @@ GPU_TEST_CASE("gpu.reduction_ops.cuda_runs_are_installed") {
 }
 
 }  // namespace reduction_ops_gpu_tests
+}  // namespace gpu_test_reduction_ops

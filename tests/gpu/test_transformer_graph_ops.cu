@@ -17,6 +17,9 @@
 #include <type_traits>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_transformer_graph_ops {
+
 namespace cg = ccgraph;
 using namespace ccgraph_test;
 
@@ -117,3 +120,4 @@ GPU_TEST_CASE("transformer_graph_ops.cuda.eager_on_device_tensors") {
               cg::scaled_dot_product_attention(q, k, v, 0.0, true), 1.6e-2, 1.6e-2, "sdpa bf16");
   check_bitwise(cg::stack({table.cuda(0), table.cuda(0)}, 1), cg::stack({table, table}, 1), "stack");
 }
+}  // namespace gpu_test_transformer_graph_ops

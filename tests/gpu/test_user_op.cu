@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_user_op {
+
 namespace cg = ccgraph;
 
 namespace {
@@ -83,3 +86,4 @@ TEST_CASE("user_op.cuda_callable_eager_graph_and_cuda_graph" * doctest::skip(ccg
     }
   });
 }
+}  // namespace gpu_test_user_op
