@@ -47,7 +47,7 @@ struct fwd_case {
   int mask = 0;            // 0 none, 1 bool [L, S], 2 additive [B, 1, 1, S], 3 bool with fully masked rows
   bool strided = false;    // q, k, v stored [B, L, H, E] and viewed as [B, H, L, E]
   bool misaligned = false; // q narrowed by one element along E: rows not 16-byte aligned
-  std::optional<double> scale;
+  std::optional<double> scale = std::nullopt;
 };
 
 std::string describe(const fwd_case& c) {
