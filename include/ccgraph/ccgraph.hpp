@@ -44,10 +44,10 @@
 #include <ccgraph/trace/trace.hpp>
 #include <ccgraph/trace/trace_state.hpp>
 
-#include <ccgraph/runtime/communicator.hpp>
+#include <ccgraph/comm/communicator.hpp>
 #include <ccgraph/runtime/compiled_function.hpp>
 #include <ccgraph/runtime/cpu_collectives.hpp>
 #include <ccgraph/runtime/executor.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
 #include <ccgraph/schedule/schedule.hpp>

@@ -10,7 +10,7 @@
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/graph.hpp>
-#include <ccgraph/cuda/nccl_backend.hpp>
+#include <ccgraph/nccl/backend.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
 #include <ccgraph/cuda/peer_channel.hpp>
 #include <ccgraph/cuda/runtime.hpp>

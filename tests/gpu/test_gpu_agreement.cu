@@ -6,7 +6,7 @@
 // has the same cases, and many more, on the threads backend.
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
-#include <ccgraph/schedule/verify.hpp>
+#include <ccgraph/runtime/verify.hpp>
 
 #include <doctest/doctest.h>
 

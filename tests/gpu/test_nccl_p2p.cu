@@ -4,7 +4,7 @@
 // a traced pipeline step compiled on the GPUs. Needs 2 GPUs (skipped otherwise).
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
-#include <ccgraph/schedule/verify.hpp>
+#include <ccgraph/runtime/verify.hpp>
 #include <doctest/doctest.h>
 #include "gpu_test.hpp"
 

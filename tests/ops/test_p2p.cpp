@@ -14,7 +14,7 @@
 
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/schedule.hpp>
-#include <ccgraph/schedule/verify.hpp>
+#include <ccgraph/runtime/verify.hpp>
 
 #include "support.hpp"
 

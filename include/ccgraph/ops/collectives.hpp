@@ -18,7 +18,7 @@
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
 namespace ccgraph {

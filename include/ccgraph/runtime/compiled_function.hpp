@@ -25,7 +25,7 @@
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/runtime/executor.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 #include <ccgraph/trace/trace.hpp>

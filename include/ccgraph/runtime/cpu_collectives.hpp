@@ -17,7 +17,7 @@
 #include <ccgraph/core/dtype.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
-#include <ccgraph/runtime/communicator.hpp>
+#include <ccgraph/comm/communicator.hpp>
 #include <ccgraph/tensor/strided.hpp>
 
 namespace ccgraph::detail {

@@ -23,7 +23,7 @@
 #include <ccgraph/ops/collectives.hpp>
 #include <ccgraph/ops/matmul.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/schedule/memory_plan.hpp>
 #include <ccgraph/tensor/any_tensor.hpp>
 #include <ccgraph/trace/trace.hpp>

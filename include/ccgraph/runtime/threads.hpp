@@ -21,9 +21,9 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
-#include <ccgraph/runtime/communicator.hpp>
+#include <ccgraph/comm/communicator.hpp>
 #include <ccgraph/runtime/cpu_collectives.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 
 namespace ccgraph {
 

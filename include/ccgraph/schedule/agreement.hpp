@@ -29,7 +29,7 @@
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
 #include <ccgraph/ops/collectives.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 
 namespace ccgraph {

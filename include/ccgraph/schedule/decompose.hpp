@@ -21,7 +21,7 @@
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/graph.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/schedule/agreement.hpp>
 #include <ccgraph/schedule/rewrite.hpp>
 

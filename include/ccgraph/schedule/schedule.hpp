@@ -15,7 +15,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/ir/graph.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/schedule/agreement.hpp>
 #include <ccgraph/schedule/bucketing.hpp>
 #include <ccgraph/schedule/cost_model.hpp>

@@ -11,7 +11,7 @@
 
 #include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/ir/graph.hpp>
-#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/trace/ops.hpp>
 #include <ccgraph/trace/symbolic.hpp>
 #include <ccgraph/trace/trace_state.hpp>

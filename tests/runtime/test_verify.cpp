@@ -1,4 +1,4 @@
-// tests/schedule/test_verify.cpp: verify_collective_order of ccgraph/schedule/verify.hpp: every
+// tests/schedule/test_verify.cpp: verify_collective_order of ccgraph/runtime/verify.hpp: every
 // rank checks every rank's sequence of collectives through the backend; consistent programs
 // (MPMD subgroups and per-rank all_to_all splits included) pass, and a rank that traced a
 // different program (another shape, an extra collective) makes every rank fail promptly with
@@ -16,7 +16,7 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/bucketing.hpp>
 #include <ccgraph/schedule/decompose.hpp>
-#include <ccgraph/schedule/verify.hpp>
+#include <ccgraph/runtime/verify.hpp>
 
 #include "support.hpp"
 
