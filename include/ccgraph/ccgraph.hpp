@@ -14,6 +14,7 @@
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 
+#include <ccgraph/tensor/from_blob.hpp>
 #include <ccgraph/tensor/print.hpp>
 #include <ccgraph/tensor/random.hpp>
 #include <ccgraph/tensor/tensor.hpp>

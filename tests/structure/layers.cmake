@@ -2,7 +2,7 @@
 # only downward. A folder may include itself and the folders before it in LAYERS; the few
 # exceptions below say why. A header that only forwards an old path to a moved one is skipped.
 #   cmake -DINCLUDE_DIR=<repo>/include -P tests/structure/layers.cmake
-set(LAYERS core tensor expr group ops comm ir trace schedule runtime autograd dist cuda nccl)
+set(LAYERS core tensor expr group ops comm ir trace schedule runtime autograd dist cuda nccl interop)
 set(ALLOWED
   # The tensor declares the expression types it converts from; expr/ builds on tensor/.
   "tensor/tensor.hpp>expr/fwd.hpp"

@@ -235,9 +235,21 @@ inline void* stream_entry(device dev) {
   return static_cast<void*>(current_stream());
 }
 
+/// The device `p` points into: cudaPointerGetAttributes' device for device and managed memory,
+/// cpu for host memory (pinned, or pageable and unknown to CUDA).
+inline device pointer_device(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // older runtimes fail on pageable host memory: it is host memory
+    return device::cpu();
+  }
+  if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return device::cuda(attr.device);
+  return device::cpu();
+}
+
 inline const ::ccgraph::detail::device_runtime runtime_table{
     &allocate, &deallocate, &copy, &synchronize, &gemm_entry, &capture_begin, &capture_end, &replay,
-    &destroy_graph, &gemm_batched_entry, &stream_entry};
+    &destroy_graph, &gemm_batched_entry, &stream_entry, &pointer_device};
 
 /// Installs the CUDA runtime for device tensors (at static initialisation of every translation
 /// unit that includes this header; idempotent).

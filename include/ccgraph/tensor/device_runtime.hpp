@@ -78,6 +78,9 @@ struct device_runtime {
   /// The calling thread's current stream for `dev` (a cudaStream_t), where every call above and
   /// every ccgraph kernel is queued: what a user op's CUDA callable launches on (ops/user_op.hpp).
   void* (*stream)(device dev);
+  /// Where `p` points: the CUDA device that owns it (device or managed memory), or cpu for host
+  /// memory (pageable or pinned). For from_blob and from_dlpack checks.
+  device (*pointer_device)(const void* p);
 };
 
 /// The installed device runtime, or null (host-only program).

@@ -24,6 +24,10 @@ class storage {
 
   storage(void* data, std::size_t bytes, device dev, deleter_fn del)
       : data_(data), bytes_(bytes), dev_(dev), del_(del) {}
+  /// Memory ccgraph does not own (from_blob, from_dlpack): `owner` is released, running whatever
+  /// deleter it carries, when the last tensor viewing the storage goes.
+  storage(void* data, std::size_t bytes, device dev, std::shared_ptr<void> owner)
+      : data_(data), bytes_(bytes), dev_(dev), del_(nullptr), owner_(std::move(owner)) {}
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
   ~storage() {
@@ -59,6 +63,7 @@ class storage {
   std::size_t bytes_;
   device dev_;
   deleter_fn del_;
+  std::shared_ptr<void> owner_;  // foreign memory's owner, released after del_ (which is null then)
 };
 
 /// The storage of a new contiguous tensor of `shape` and element type `dt` on `dev`. The shape
