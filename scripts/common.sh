@@ -47,6 +47,7 @@ ensure_deps() {
   [[ -f /usr/include/boost/hana.hpp ]] || missing+=(libboost-dev)
   [[ -f /usr/include/doctest/doctest.h ]] || missing+=(doctest-dev)
   [[ -f /usr/include/dlpack/dlpack.h ]] || missing+=(libdlpack-dev)  # interop/dlpack.hpp and its tests
+  command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)  # the launch.mpirun test
   command -v ccache >/dev/null 2>&1 || missing+=(ccache)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   [[ -x /usr/bin/time ]] || missing+=(time)  # bench/compile_time.sh measures CPU seconds with it

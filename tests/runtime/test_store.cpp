@@ -1422,6 +1422,55 @@ TEST_CASE("env_config.from_env.errors_name_the_variable_and_value") {
                  "MASTER_ADDR is set but empty"));
 }
 
+TEST_CASE("env_config.from_env.reads_mpi_and_slurm_launchers") {
+  // mpirun (Open MPI): no RANK, its own variables.
+  auto c = parse_env({{"OMPI_COMM_WORLD_RANK", "3"},
+                      {"OMPI_COMM_WORLD_SIZE", "4"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  CHECK(c.launcher == "Open MPI");
+  CHECK(c.rank == 3);
+  CHECK(c.world_size == 4);
+  CHECK(c.local_rank == 1);
+  CHECK(c.local_world_size == 2);
+  CHECK(c.master_addr == "127.0.0.1");
+  // mpiexec (MPICH's Hydra, Intel MPI).
+  c = parse_env({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "3"},
+                 {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "4000"}});
+  CHECK(c.launcher == "MPICH");
+  CHECK(c.rank == 2);
+  CHECK(c.world_size == 3);
+  CHECK(c.local_rank == 2);
+  CHECK(c.master_addr == "10.0.0.1");
+  CHECK(c.master_port == 4000);
+  // srun: a plain tasks-per-node count is the local size; "2(x3)" (uneven nodes) is not used.
+  c = parse_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                 {"SLURM_NTASKS_PER_NODE", "4"}});
+  CHECK(c.launcher == "Slurm");
+  CHECK(c.rank == 5);
+  CHECK(c.local_rank == 1);
+  CHECK(c.local_world_size == 4);
+  c = parse_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                 {"SLURM_NTASKS_PER_NODE", "2(x4)"}});
+  CHECK(c.local_world_size == 8);
+  // RANK wins over MPI, and MPI over Slurm (mpirun inside an allocation).
+  c = parse_env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  CHECK(c.launcher == "torchrun");
+  CHECK(c.rank == 1);
+  c = parse_env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"},
+                 {"SLURM_NTASKS", "1"}});
+  CHECK(c.launcher == "Open MPI");
+  CHECK(c.rank == 1);
+  // Errors name the launcher's own variables.
+  std::string m = env_error({{"OMPI_COMM_WORLD_RANK", "0"}});
+  CHECK(contains(m, "OMPI_COMM_WORLD_SIZE is not set"));
+  CHECK(contains(m, "the Open MPI variables OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE"));
+  CHECK(contains(env_error({{"PMI_RANK", "x"}, {"PMI_SIZE", "2"}}), "PMI_RANK='x' is not an integer"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}),
+                 "SLURM_PROCID=4 must be in [0, SLURM_NTASKS=4)"));
+  CHECK(contains(env_error({}), "or under mpirun (Open MPI, MPICH) or srun (Slurm)"));
+}
+
 TEST_CASE("env_config.make_store_from_env") {
   // The real process environment (no other thread runs while this test changes it).
   temp_dir dir;

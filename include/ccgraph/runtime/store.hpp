@@ -2110,8 +2110,31 @@ inline void barrier(store& s, const std::string& name, int rank, int world_size)
   }
 }
 
-/// Where this process sits in the job, read from the environment a launcher sets (the variables
-/// torchrun and scripts/ccgraph-launch set).
+/// The variables one launcher sets for a process's place in the job (`local_world_size` null:
+/// the launcher has no plain one).
+struct launcher_env {
+  const char* launcher;
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;
+};
+
+/// The launchers env_config::from_env reads, in order: the first whose rank variable is set
+/// gives the rank, world size and local rank. RANK (torchrun, scripts/ccgraph-launch, or set by
+/// hand) wins, so a job can always say it explicitly; MPI before Slurm, since mpirun inside a
+/// Slurm allocation leaves Slurm's variables describing the allocation, not the ranks.
+inline constexpr launcher_env launcher_envs[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
+/// Where this process sits in the job, read from the environment a launcher sets: torchrun's
+/// (and scripts/ccgraph-launch's) variables, Open MPI's or MPICH's under mpirun / mpiexec, or
+/// Slurm's under srun (launcher_envs).
 struct env_config {
   int rank = 0;                           ///< RANK: this process's rank in the job
   int world_size = 1;                     ///< WORLD_SIZE: the number of ranks
@@ -2119,11 +2142,15 @@ struct env_config {
   int local_world_size = 1;               ///< LOCAL_WORLD_SIZE: ranks on this machine
   std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: where rank 0's tcp_store listens
   int master_port = 29500;                ///< MASTER_PORT: its port
+  std::string launcher = "torchrun";      ///< whose variables gave the rank (launcher_envs)
 
-  /// Reads RANK and WORLD_SIZE (required), LOCAL_RANK (default RANK), LOCAL_WORLD_SIZE
-  /// (default WORLD_SIZE), MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default 29500).
-  /// A variable that is missing, not an integer or out of range gives an error naming it and
-  /// its value.
+  /// Reads the rank and world size (required), the local rank (default: the rank) and local world
+  /// size (default: the world size) from the first launcher of launcher_envs whose rank variable
+  /// is set (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID), and MASTER_ADDR (default
+  /// 127.0.0.1) and MASTER_PORT (default 29500), which every launcher needs (mpirun and srun
+  /// set neither: on one machine the defaults do; across machines set MASTER_ADDR to rank 0's
+  /// host). A variable that is missing, not an integer or out of range gives an error naming it
+  /// and its value.
   static env_config from_env() {
     return from_env([](const char* name) -> std::optional<std::string> {
       if (const char* v = std::getenv(name)) return std::string(v);
@@ -2135,12 +2162,27 @@ struct env_config {
   /// process environment: for tests, and for configurations held elsewhere.
   static env_config from_env(const std::function<std::optional<std::string>(const char*)>& lookup) {
     constexpr const char* call = "env_config::from_env";
+    const launcher_env* l = nullptr;
+    for (const launcher_env& e : launcher_envs) {
+      if (lookup(e.rank)) {
+        l = &e;
+        break;
+      }
+    }
+    CCGRAPH_CHECK(l != nullptr || lookup("WORLD_SIZE"), call,
+                  ": RANK is not set; start one process per rank with a launcher that sets RANK, "
+                  "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                  "(scripts/ccgraph-launch -n N program, or torchrun), or under mpirun (Open MPI, "
+                  "MPICH) or srun (Slurm), whose variables are read too");
+    if (!l) l = &launcher_envs[0];  // WORLD_SIZE without RANK: say that RANK is missing
     const auto required = [&](const char* name) {
       const auto v = lookup(name);
       CCGRAPH_CHECK(v.has_value(), call, ": ", name,
                     " is not set; start one process per rank with a launcher that sets RANK, "
                     "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
-                    "(scripts/ccgraph-launch -n N program, or torchrun)");
+                    "(scripts/ccgraph-launch -n N program, or torchrun)",
+                    l == &launcher_envs[0] ? "" : detail::concat(", or the ", l->launcher, " variables ",
+                                                                 l->rank, " and ", l->world_size));
       return parse(name, *v);
     };
     const auto in_range = [&](const char* name, long long v, long long lo, long long hi,
@@ -2149,24 +2191,27 @@ struct env_config {
       return static_cast<int>(v);
     };
     env_config c;
-    c.world_size = in_range("WORLD_SIZE", required("WORLD_SIZE"), 1,
-                            std::numeric_limits<int>::max(), "[1, 2147483647]");
-    c.rank = in_range("RANK", required("RANK"), 0, c.world_size - 1,
-                      detail::concat("[0, WORLD_SIZE=", c.world_size, ")"));
-    const auto lws = lookup("LOCAL_WORLD_SIZE");
+    c.launcher = l->launcher;
+    c.world_size = in_range(l->world_size, required(l->world_size), 1, std::numeric_limits<int>::max(),
+                            "[1, 2147483647]");
+    c.rank = in_range(l->rank, required(l->rank), 0, c.world_size - 1,
+                      detail::concat("[0, ", l->world_size, "=", c.world_size, ")"));
+    // Slurm's tasks per node may read "2(x3)" (uneven nodes): only a plain number is used.
+    const auto lws = lookup(l->local_world_size);
+    const bool plain_lws = lws && (l != &launcher_envs[3] || (!lws->empty() && lws->find_first_not_of(
+                                                                  "0123456789") == std::string::npos));
     c.local_world_size =
-        lws ? in_range("LOCAL_WORLD_SIZE", parse("LOCAL_WORLD_SIZE", *lws), 1, c.world_size,
-                       detail::concat("[1, WORLD_SIZE=", c.world_size, "]"))
-            : c.world_size;
+        plain_lws ? in_range(l->local_world_size, parse(l->local_world_size, *lws), 1, c.world_size,
+                             detail::concat("[1, ", l->world_size, "=", c.world_size, "]"))
+                  : c.world_size;
     const std::string local_bounds =
-        detail::concat("[0, LOCAL_WORLD_SIZE=", c.local_world_size, ")");
-    if (const auto lr = lookup("LOCAL_RANK")) {
+        detail::concat("[0, ", plain_lws ? l->local_world_size : l->world_size, "=", c.local_world_size, ")");
+    if (const auto lr = lookup(l->local_rank)) {
       c.local_rank =
-          in_range("LOCAL_RANK", parse("LOCAL_RANK", *lr), 0, c.local_world_size - 1, local_bounds);
+          in_range(l->local_rank, parse(l->local_rank, *lr), 0, c.local_world_size - 1, local_bounds);
     } else {
-      CCGRAPH_CHECK(c.rank < c.local_world_size, call,
-                    ": LOCAL_RANK is not set, so it defaults to RANK=", c.rank,
-                    ", which must be in ", local_bounds, "; set LOCAL_RANK too");
+      CCGRAPH_CHECK(c.rank < c.local_world_size, call, ": ", l->local_rank, " is not set, so it defaults to ",
+                    l->rank, "=", c.rank, ", which must be in ", local_bounds, "; set ", l->local_rank, " too");
       c.local_rank = c.rank;
     }
     if (const auto a = lookup("MASTER_ADDR")) {
