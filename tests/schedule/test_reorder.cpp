@@ -165,6 +165,22 @@ TEST_CASE("schedule.timeline.chrome_trace_and_report") {
   CHECK(report.find("exposed communication") != std::string::npos);
 }
 
+TEST_CASE("schedule.timeline.json_escape_writes_valid_json_strings") {
+  // A user op's name or a process name may hold any character; JSON forbids raw control
+  // characters in strings (RFC 8259), so a newline must come out as \n.
+  CHECK(cg::detail::json_escape("plain %mm matmul") == "plain %mm matmul");
+  CHECK(cg::detail::json_escape("a\"b\\c") == "a\\\"b\\\\c");
+  CHECK(cg::detail::json_escape("line\nnext\r\ttab") == "line\\nnext\\r\\ttab");
+  CHECK(cg::detail::json_escape(std::string("\x01\x1f\b\f", 4)) == "\\u0001\\u001f\\b\\f");
+  CHECK(cg::detail::json_escape("caf\xc3\xa9") == "caf\xc3\xa9");  // UTF-8 passes through
+  cg::schedule_options opt;
+  opt.estimate_runtime = seed_estimator;
+  auto g = cg::schedule(cg::trace(two_ranks, reorder_program, cg::input<float>({4, 4})), {"sink_waits"}, opt);
+  const std::string json = cg::to_chrome_trace(cg::predict(g, opt), "rank 0\n\"main\"");
+  CHECK(json.find("rank 0\\n\\\"main\\\"") != std::string::npos);
+  CHECK(json.find("rank 0\n") == std::string::npos);  // never the raw newline
+}
+
 namespace {
 
 // A random program over [8, 8] values, written once for tensors and symbolic values.

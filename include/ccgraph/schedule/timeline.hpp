@@ -85,11 +85,31 @@ inline std::string node_label(const node& n) {
   if (auto* p = std::get_if<ops::pointwise>(&n.kind())) return "%" + n.name() + " " + p->fused;
   return "%" + n.name() + " " + std::string(n.op());
 }
+/// `s` as the inside of a JSON string (RFC 8259): quotes and backslashes escaped, and every
+/// control character (a newline in a user op's name, a tab) as an escape, which JSON requires.
 inline std::string json_escape(const std::string& s) {
+  static constexpr char hex[] = "0123456789abcdef";
   std::string o;
+  o.reserve(s.size());
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
+    const auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\r': o += "\\r"; break;
+      case '\t': o += "\\t"; break;
+      case '\b': o += "\\b"; break;
+      case '\f': o += "\\f"; break;
+      default:
+        if (u < 0x20) {
+          o += "\\u00";
+          o += hex[u >> 4];
+          o += hex[u & 15];
+        } else {
+          o += c;
+        }
+    }
   }
   return o;
 }
