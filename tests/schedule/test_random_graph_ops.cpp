@@ -235,6 +235,12 @@ std::set<std::string>& ops_seen() {
   static std::set<std::string> s;
   return s;
 }
+/// The passes that changed some program's graph (its op sequence), over all of them: each pass
+/// must have had something to do, or the property would hold trivially for it.
+std::set<std::string>& passes_that_changed() {
+  static std::set<std::string> s;
+  return s;
+}
 
 /// One program on `world` ranks: eager, then traced, scheduled by each pass list and compiled,
 /// and compile_function'ed with every pass; each must give the eager bits.
@@ -269,6 +275,10 @@ void property(int world, std::uint64_t seed, int length) {
       std::string how = "scheduled by";
       for (const auto& p : passes) how += " " + p;
       const auto s = cg::schedule(g, passes);
+      if (passes.size() == 1 && cg::op_sequence(s) != cg::op_sequence(g)) {
+        std::lock_guard lk(seen_mutex);
+        passes_that_changed().insert(passes[0]);
+      }
       if (bits_of(cg::compile(s, ctx)(x0, x1)) != expected) fail(how);
     }
     auto f = cg::compile_function<float, float>(fn, ctx, {.passes = pass_lists().back()});
@@ -297,5 +307,9 @@ TEST_CASE("schedule.random_graph_ops.every_pass_equals_eager") {
                          "reduce_scatter_tensor", "all_to_all_single"}) {
     CAPTURE(op);
     CHECK(ops_seen().count(op) == 1);
+  }
+  for (auto pass : cg::schedule_pass_names()) {
+    CAPTURE(pass);
+    CHECK(passes_that_changed().count(std::string(pass)) == 1);
   }
 }
