@@ -1,0 +1,92 @@
+// The transformer block of examples/transformer_block.hpp (public ops only) on GPUs: on one GPU
+// eagerly on device tensors and as a cg::compile_function recorded into a CUDA Graph (scheduled
+// by every pass) and replayed; on two GPUs tensor-parallel over NCCL, eagerly and replayed.
+// Each against the CPU threads backend's single-rank result, within float rounding (the GPU
+// kernels sum in other orders). Skipped without enough GPUs.
+#include <ccgraph/cuda.hpp>
+
+#include <doctest/doctest.h>
+
+#include "gpu_test.hpp"
+#include "op_test.hpp"
+
+#include "../../examples/transformer_block.hpp"
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace cg = ccgraph;
+namespace ex = ccgraph::examples;
+using namespace ccgraph_test;
+
+namespace transformer_block_gpu_test {
+
+using i64 = std::int64_t;
+using block_out = std::tuple<cg::tensor<float>, cg::tensor<float>, cg::tensor<float>>;
+constexpr double tol = 1e-4;
+
+/// The weights on GPU `d`.
+ex::block_params<float> on_gpu(const ex::block_params<float>& p, int d) {
+  return std::apply([d](const auto&... w) { return ex::block_params<float>{w.cuda(d)...}; }, p.tuple());
+}
+
+/// The single-rank block on the CPU threads backend.
+block_out cpu_reference(const ex::block_config& c, const ex::block_params<float>& full, const cg::tensor<i64>& tok,
+                        const cg::tensor<i64>& tgt) {
+  block_out out;
+  cg::run_threads(1, [&](cg::rank_context& ctx) {
+    out = ex::call_block(ex::transformer_block(c, ctx.world(), 0, 1), tok, tgt, full);
+  });
+  return out;
+}
+
+void check_block(const block_out& got, const block_out& want, const std::string& what) {
+  CHECK(std::get<1>(got).device().is_cuda());
+  check_close(std::get<0>(got), std::get<0>(want), tol, tol, what + ": loss");
+  check_close(std::get<1>(got), std::get<1>(want), tol, tol, what + ": hidden state");
+  check_close(std::get<2>(got), std::get<2>(want), tol, tol, what + ": logits");
+}
+
+/// cg::compile_function of the block: (i64 tokens, i64 targets, 14 float weights).
+template <class F, std::size_t... I>
+auto compile_block(F program, cg::rank_context& ctx, cg::function_options opt, std::index_sequence<I...>) {
+  return cg::compile_function<i64, i64, std::conditional_t<(I < 14), float, void>...>(program, ctx, std::move(opt));
+}
+
+std::vector<std::string> every_pass() {
+  std::vector<std::string> all;
+  for (auto p : cg::schedule_pass_names()) all.emplace_back(p);
+  return all;
+}
+
+/// The block on `tp` GPUs (one rank each): eager on device tensors, then compile_function'ed
+/// with every pass into a CUDA Graph and replayed twice; each against the CPU reference.
+void check_on_gpus(int tp) {
+  const ex::block_config c;
+  const auto full = ex::block_params<float>::random(c, 1);
+  const auto tok = ex::block_tokens(c, 7), tgt = ex::block_tokens(c, 5);
+  const auto want = cpu_reference(c, full, tok, tgt);
+  cg::cuda::run_gpus(tp, [&](cg::rank_context& ctx) {
+    const int d = ctx.rank();
+    const auto p = on_gpu(full.shard(ctx.rank(), tp), d);
+    const auto tok_d = tok.cuda(d), tgt_d = tgt.cuda(d);
+    const auto program = ex::transformer_block(c, ctx.world(), ctx.rank(), tp);
+    const std::string where = "tp " + std::to_string(tp) + ", rank " + std::to_string(ctx.rank());
+    check_block(ex::call_block(program, tok_d, tgt_d, p), want, where + ", eager");
+    auto replayed =
+        compile_block(program, ctx, {.passes = every_pass(), .compile = {.cuda_graph = true}}, std::make_index_sequence<14>{});
+    for (int call = 0; call < 2; ++call)
+      check_block(ex::call_block(replayed, tok_d, tgt_d, p), want, where + ", CUDA Graph replay " + std::to_string(call));
+  });
+}
+
+}  // namespace transformer_block_gpu_test
+
+using namespace transformer_block_gpu_test;
+
+GPU_TEST_CASE("transformer_block.cuda.one_gpu.eager_and_cuda_graph") { check_on_gpus(1); }
+
+GPUS_TEST_CASE("transformer_block.cuda.tp2.eager_and_cuda_graph", 2) { check_on_gpus(2); }
