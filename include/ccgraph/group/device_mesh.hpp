@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
+#include <iterator>
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
@@ -24,6 +27,14 @@ class device_mesh {
   /// A mesh over ranks 0..prod(shape)-1 in row-major order.
   explicit device_mesh(shape_t shape, std::vector<std::string> dim_names = {})
       : device_mesh(shape, iota(numel_of(shape)), std::move(dim_names)) {}
+
+  /// A mesh over ranks 0..prod(shape)-1 with the names of a braced list:
+  /// `device_mesh({2, 2}, {"dp", "tp"})`. (With only the two constructors above, a list of two
+  /// string literals is also a std::vector<int> iterator pair, and the call is ambiguous.)
+  template <class S, std::size_t N>
+    requires std::is_convertible_v<const S&, std::string_view> && (!std::is_arithmetic_v<S>)
+  device_mesh(shape_t shape, const S (&dim_names)[N])
+      : device_mesh(std::move(shape), std::vector<std::string>(std::begin(dim_names), std::end(dim_names))) {}
 
   /// A mesh over the given ranks, listed row-major.
   device_mesh(shape_t shape, std::vector<int> ranks, std::vector<std::string> dim_names = {})
