@@ -1,6 +1,7 @@
 // ccgraph/dtensor.hpp: DTensor for ccgraph: placements (shard, replicate, partial), dtensor<T>
-// and its redistributions over a device mesh, and the collective counter. Include it after (or
-// with) <ccgraph/ccgraph.hpp> to trace dtensors: from_local on a symbolic value needs the tracer.
+// and its redistributions over a device mesh, and the collective counter. Part of
+// <ccgraph/ccgraph.hpp>; alone it serves tensors (tracing dtensors needs the tracer, which the
+// umbrella brings).
 #pragma once
 
 #include <ccgraph/dtensor/dtensor.hpp>

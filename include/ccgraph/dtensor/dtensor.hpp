@@ -58,7 +58,7 @@ class dtensor {
   /// dim is the local size times the mesh dim's size; with one, the local shape must be this
   /// rank's piece of it. Errors name the call and the values.
   template <class L>
-  static dtensor<T, L> from_local(const L& local, const device_mesh& mesh, std::vector<placement> placements,
+  static dtensor<T, L> from_local(const L& local, const ccgraph::device_mesh& mesh, std::vector<placement> placements,
                                   from_local_options opts = {}) {
     static_assert(std::is_same_v<typename L::value_type, T>,
                   "dtensor<T>::from_local: the local value's element type must be T");
