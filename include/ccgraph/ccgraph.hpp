@@ -1,6 +1,6 @@
 // ccgraph/ccgraph.hpp: everything that runs on the host: tensors, pointwise expressions, CPU
 // compute, groups, the functional collectives, tracing into graphs, the graph IR and executor,
-// and the threads backend. Never includes a CUDA header; <ccgraph/cuda.hpp> adds the GPU backend.
+// the threads backend, and DTensor. Never includes a CUDA header; <ccgraph/cuda.hpp> adds the GPU backend.
 // The rendezvous stores (tcp_store, file_store: sockets and files, which a threads program never
 // needs) are <ccgraph/runtime/store.hpp>, included by <ccgraph/cuda.hpp>.
 #pragma once
@@ -52,3 +52,7 @@
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
 #include <ccgraph/schedule/schedule.hpp>
+
+// DTensor (placements, dtensor<T>, redistribute, comm_counter): small templates over the
+// collectives above, ~0.3 s of CPU on this umbrella's ~9 s (bench/compile_time.sh).
+#include <ccgraph/dtensor.hpp>

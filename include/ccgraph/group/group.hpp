@@ -176,8 +176,9 @@ class group {
   group(std::vector<int> ranks, std::string tag) : desc_(std::move(ranks)), tag_(std::move(tag)) {}
   /// MPMD: the sub-list containing the calling rank. All sub-lists must have one size.
   group(std::vector<std::vector<int>> lists) : desc_(check_mpmd(std::move(lists))) {}  // NOLINT
-  /// All ranks of a mesh.
-  group(const device_mesh& mesh) : desc_(mesh.ranks()) {}  // NOLINT: implicit
+  /// All ranks of a mesh; of a sub-mesh (mesh["tp"]), the slice containing the calling rank.
+  group(const device_mesh& mesh)  // NOLINT: implicit
+      : desc_(mesh.is_sub_mesh() ? desc_t(check_mpmd(mesh.slices())) : desc_t(mesh.ranks())) {}
   /// The group along mesh dimension `dim` that contains the calling rank.
   group(const device_mesh& mesh, int dim) : desc_(check_mpmd(mesh.groups_along(dim))) {}
   /// The group along the mesh dimension called `dim_name`.
@@ -261,7 +262,8 @@ class group {
     return lists;
   }
 
-  std::variant<std::vector<int>, lists_t, std::string> desc_;
+  using desc_t = std::variant<std::vector<int>, lists_t, std::string>;
+  desc_t desc_;
   std::string tag_;
 };
 

@@ -17,6 +17,7 @@
 #include <ccgraph/expr/fwd.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
+#include <ccgraph/ops/comm_counter.hpp>
 #include <ccgraph/ops/shape_ops.hpp>
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/tensor/tensor.hpp>
@@ -115,9 +116,12 @@ auto as_value(const X& x) {
   else return x.eval();
 }
 
+/// Issues a functional collective on tensors or symbolic values: the one place collectives are
+/// counted (comm_counter), after the group resolved.
 template <class V>
 std::vector<V> issue(const char* what, ops::collective_op op, const group& g, const std::vector<V>& inputs) {
   const group_info gi = collective_backend<V>::resolve(g, what);
+  note_collective(ops::name_of(op));
   return collective_backend<V>::issue(what, std::move(op), gi, inputs);
 }
 
@@ -329,6 +333,7 @@ std::vector<V> batch_isend_irecv(const std::vector<p2p_op<V>>& ops, const group&
     if (o.is_send) inputs.push_back(o.tensor);
     any_recv = any_recv || !o.is_send;
   }
+  detail::note_collective(ops::batch_isend_irecv::name);  // not through detail::issue: see below
   if constexpr (is_tensor_v<V>) {
     detail::work_ptr w;
     auto outs = detail::launch_collective<typename V::value_type>(detail::current_rank(what), what, std::move(op), gi,

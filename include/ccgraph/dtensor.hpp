@@ -1,0 +1,10 @@
+// ccgraph/dtensor.hpp: DTensor for ccgraph: placements (shard, replicate, partial), dtensor<T>
+// and its redistributions over a device mesh, and the collective counter. Part of
+// <ccgraph/ccgraph.hpp>; alone it serves tensors (tracing dtensors needs the tracer, which the
+// umbrella brings).
+#pragma once
+
+#include <ccgraph/dtensor/dtensor.hpp>
+#include <ccgraph/dtensor/placement.hpp>
+#include <ccgraph/dtensor/redistribute.hpp>
+#include <ccgraph/ops/comm_counter.hpp>
