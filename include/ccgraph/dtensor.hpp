@@ -4,7 +4,7 @@
 // umbrella brings).
 #pragma once
 
-#include <ccgraph/dtensor/dtensor.hpp>
-#include <ccgraph/dtensor/placement.hpp>
-#include <ccgraph/dtensor/redistribute.hpp>
+#include <ccgraph/dist/dtensor.hpp>
+#include <ccgraph/dist/placement.hpp>
+#include <ccgraph/dist/redistribute.hpp>
 #include <ccgraph/ops/comm_counter.hpp>

@@ -1,5 +1,5 @@
-// tests/dtensor/test_dtensor.cpp: placements, dtensor<T> and every redistribution
-// (ccgraph/dtensor/), on the threads backend at 2 and 4 ranks, eagerly and traced.
+// tests/dist/test_dtensor.cpp: placements, dtensor<T> and every redistribution
+// (ccgraph/dist/), on the threads backend at 2 and 4 ranks, eagerly and traced.
 //
 // The reference: the global tensor G (1, 2, 3, ... row-major, exact in float) and, for a list of
 // placements, each rank's piece of it cut as torch.chunk does, mesh dim by mesh dim. A Partial

@@ -1,4 +1,4 @@
-// ccgraph/dtensor/redistribute.hpp: how a dtensor's local value moves from one list of
+// ccgraph/dist/redistribute.hpp: how a dtensor's local value moves from one list of
 // placements to another, one collective per mesh dim (PyTorch's _redistribute.py, greedy plan).
 //
 // Each step is written once over the functional collectives, so it runs on tensors (eager:
@@ -25,7 +25,7 @@
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
-#include <ccgraph/dtensor/placement.hpp>
+#include <ccgraph/dist/placement.hpp>
 #include <ccgraph/group/device_mesh.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collectives.hpp>

@@ -1,4 +1,4 @@
-// ccgraph/dtensor/dtensor.hpp: cg::dtensor<T>, PyTorch's DTensor: a rank's local value, the
+// ccgraph/dist/dtensor.hpp: cg::dtensor<T>, PyTorch's DTensor: a rank's local value, the
 // device mesh, one placement per mesh dim, and the global shape.
 //
 //   cg::device_mesh mesh({2, 2}, {"dp", "tp"});
@@ -21,8 +21,8 @@
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
-#include <ccgraph/dtensor/placement.hpp>
-#include <ccgraph/dtensor/redistribute.hpp>
+#include <ccgraph/dist/placement.hpp>
+#include <ccgraph/dist/redistribute.hpp>
 #include <ccgraph/group/device_mesh.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collectives.hpp>

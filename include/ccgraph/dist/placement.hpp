@@ -1,4 +1,4 @@
-// ccgraph/dtensor/placement.hpp: how a dtensor lies on one mesh dimension (PyTorch's Shard,
+// ccgraph/dist/placement.hpp: how a dtensor lies on one mesh dimension (PyTorch's Shard,
 // Replicate and Partial placements), and the torch.chunk arithmetic of uneven shards.
 #pragma once
 
