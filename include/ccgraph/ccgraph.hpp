@@ -50,4 +50,5 @@
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
+#include <ccgraph/autograd/grad.hpp>
 #include <ccgraph/schedule/schedule.hpp>
