@@ -204,7 +204,7 @@ TEST_CASE("grad.views") {
   const auto x = values({2, 3, 4});
   auto w = [](const auto& v) { return cg::sin(v) * v; };  // something not linear
   gradcheck<0>([&](const auto& a) { return cg::sum(w(a.reshape({6, 4}).transpose(0, 1))); }, x);
-  gradcheck<0>([&](const auto& a) { return cg::sum(w(a.narrow(2, 1, 2)) + w(a.select(1, 2))); }, x);
+  gradcheck<0>([&](const auto& a) { return cg::sum(w(a.narrow(2, 1, 2))) + cg::sum(w(a.select(1, 2))); }, x);
   gradcheck<0>([&](const auto& a) { return cg::sum(w(a.permute({2, 0, 1}).contiguous()) * 2.0); }, x);
   gradcheck<0>([&](const auto& a) { return cg::sum(w(a.unsqueeze(1).narrow(3, 0, 3))); }, x);
   gradcheck<0>([&](const auto& a) { return cg::sum(w(cg::squeeze(a.narrow(0, 1, 1), 0))); }, x);
@@ -251,6 +251,9 @@ TEST_CASE("grad.cross_entropy_embedding_gather") {
   const auto table = values({6, 3}, -1, 1, 16);
   const auto idx = cg::tensor<std::int64_t>::from({1, 3, 1, 5, 0}, {5});
   gradcheck<1>([](const auto& i, const auto& tb) { return cg::sum(cg::sin(cg::embedding(i, tb))); }, idx, table);
+  // an index converted to a float inside a fused expression
+  gradcheck<1>([](const auto& i, const auto& x) { return cg::sum(cg::sin(x * i.template to<double>())); }, idx,
+               values({5}, -1, 1, 18));
   const auto gi = cg::tensor<std::int64_t>::from({0, 2, 1, 2, 0, 1}, {3, 2});
   gradcheck<0>([](const auto& x, const auto& i) { return cg::sum(cg::sin(cg::gather(x, 1, i))); },
                values({3, 3}, -1, 1, 17), gi);
@@ -327,7 +330,7 @@ TEST_CASE("grad.trace.joint_graph_schedule_compile") {
     auto g = cg::trace(step, cg::input<double>({4, 3}), cg::input<double>({3, 5}), cg::input<double>({5, 2}));
     g.lint();
     CHECK(g.count("all_reduce") == 2);
-    CHECK(g.count("matmul") >= 6);  // 2 forward, 4 backward
+    CHECK(g.count("matmul") == 5);  // 2 forward; 3 backward (x is not differentiated)
     const auto x = values({4, 3}, -1, 1, 20 + ctx.rank()), w1 = values({3, 5}, -1, 1, 30), w2 = values({5, 2}, -1, 1, 31);
     const auto want = cg::compile(g, ctx)(x, w1, w2);
     const auto s = cg::schedule(g, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"});

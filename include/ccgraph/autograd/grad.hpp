@@ -151,7 +151,10 @@ void run_gradient_rule(grad_ctx<T>& c) {
   visit_op(n.kind(), [&](const auto& o) {
     using O = std::decay_t<decltype(o)>;
     using G = typename op_traits<O>::gradient;
-    if constexpr (std::is_same_v<G, gradient_todo>) {
+    if constexpr (std::is_same_v<G, gradient_todo> && std::is_same_v<O, ops::user>) {
+      CCGRAPH_THROW(error, "grad: user op ", o.op, " (node %", n.name(), ") has no gradient rule, and a "
+                    "differentiated input reaches the result through it");
+    } else if constexpr (std::is_same_v<G, gradient_todo>) {
       CCGRAPH_THROW(error, "grad: ", O::name, " (node %", n.name(), ") has no gradient rule yet, and a differentiated "
                     "input reaches the result through it (", G::reason, ")");
     } else if constexpr (std::is_same_v<G, not_differentiable>) {
@@ -163,8 +166,10 @@ void run_gradient_rule(grad_ctx<T>& c) {
   });
 }
 
-/// The sum of two gradients of one value.
-inline value_ref add_grads(trace_state& st, value_ref a, value_ref b) {
+/// The sum of two gradients of one value. (A template, so that it is compiled only where a
+/// gradient is taken, not in every translation unit of the umbrella header.)
+template <class Unused = void>
+value_ref add_grads(trace_state& st, value_ref a, value_ref b) {
   return visit_grad_dtype(a.src->dtype(a.index), "a gradient", [&](auto tag) {
     using U = decltype(tag);
     return symbolic<U>(symbolic<U>(&st, a) + symbolic<U>(&st, b)).ref();

@@ -170,7 +170,17 @@ struct pw_elem<symbolic<U>> {
 template <class Op, class T, class... X>
 pw_val<T> pw_make(const X&... x) {
   constexpr bool traced = (is_symbolic_v<X> || ...);
-  if constexpr (traced && Op::template accepts<typename pw_elem<X>::type...>) {
+  // Bool values are conditions: only where reads them (and casts); arithmetic on them is not
+  // instantiated.
+  constexpr bool takes_bool = std::is_same_v<Op, ops::where> || std::is_same_v<Op, ops::to<T>>;
+  constexpr bool has_bool = (std::is_same_v<typename pw_elem<X>::type, bool> || ...);
+  if constexpr (!traced) {
+    // Scalars only (a derivative's constant, as b - 1 for pow's scalar exponent): computed here.
+    if constexpr (Op::template accepts<typename pw_elem<X>::type...>) {
+      using R = typename Op::template result<typename pw_elem<X>::type...>;
+      if constexpr (std::is_same_v<R, T>) return pw_val<T>(static_cast<double>(Op::apply(x...)));
+    }
+  } else if constexpr ((takes_bool || !has_bool) && Op::template accepts<typename pw_elem<X>::type...>) {
     using R = typename decltype(make_expr_as<Op, T>(x...))::value_type;
     if constexpr (std::is_same_v<R, T> || std::is_same_v<R, bool>) {
       return pw_val<T>(symbolic<R>(make_expr_as<Op, T>(x...)));
@@ -309,6 +319,16 @@ void pointwise_backward(const ops::pointwise& o, C& c) {
                       "; its gradient takes one floating type (and bool conditions)");
       }
       case pw_tree::kind::op: break;
+    }
+    // A cast to T of an input of another element type (an index as a float): the cast itself.
+    if (t.name == cast_op_name(dtype_v<T>) && t.args.size() == 1 && t.args[0].k == pw_tree::kind::input) {
+      const auto k = static_cast<std::size_t>(t.args[0].input);
+      const dtype d = n.args().at(k).src->dtype(n.args()[k].index);
+      if (d != dtype_v<T> && d != dtype::boolean)
+        return visit_dtype(d, [&](auto tag) -> pw_val<T> {
+          using U = decltype(tag);
+          return pw_val<T>(c.template input<U>(k).template to<T>());
+        });
     }
     std::vector<pw_val<T>> args;
     for (const auto& a : t.args) args.push_back(self(self, a));
