@@ -423,3 +423,23 @@ TEST_CASE("grad.collectives.coalesced") {
     }, [](int r) { return values({2}, -1, 1, 100 + r); });
   }
 }
+
+TEST_CASE("grad.errors.user_op") {
+  // A user op has no gradient rule: differentiating through it is an error naming it.
+  cg::user_op_def d;
+  d.name = "autograd_test::twice";
+  d.infer = [](const std::vector<cg::tensor_meta>& in, const std::vector<double>&) {
+    return std::vector<cg::tensor_meta>{in.at(0)};
+  };
+  d.cpu = [](const cg::user_op_call& c) {
+    const auto v = std::get<cg::tensor<double>>(c.inputs[0]).to_vector();
+    double* o = std::get<cg::tensor<double>>(c.outputs[0]).data();
+    for (std::size_t i = 0; i < v.size(); ++i) o[i] = 2 * v[i];
+  };
+  d.cost = [](const cg::cost_args&, const std::vector<double>&) { return cg::op_cost::none(); };
+  static const cg::user_op twice = cg::register_op(d);
+  const auto x = values({3});
+  const std::string e = error_of([&] { cg::grad([](const auto& a) { return cg::sum(twice(a)); })(x); });
+  CHECK(contains(e, "autograd_test::twice"));
+  CHECK(contains(e, "no gradient rule"));
+}
