@@ -51,6 +51,7 @@
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
+#include <ccgraph/autograd/grad.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
 // DTensor (placements, dtensor<T>, redistribute, comm_counter): small templates over the

@@ -460,3 +460,197 @@ template <class Op>
 concept pointwise_op = is_pointwise_op_v<Op>;
 
 }  // namespace ccgraph
+
+// ---------------------------------------------------------------------------------------------
+// The derivative of each pointwise op (cg::grad differentiates a fused pointwise node through
+// these, autograd/pointwise_grad.hpp). `pointwise_gradient<Op>::backward(d)` reads the operands
+// `d.arg(i)`, the result `d.out()` and the result's gradient `d.g()`, and gives operand i's
+// gradient with `d.grad(i, value)`. Values combine with + - * / (and doubles) and
+// `d.template call<ops::X>(...)`, so a rule is written once in terms of the ops themselves and
+// records graph nodes. Ops without a specialisation are not differentiable (comparisons give
+// bool results, which carry no gradient; dropout's mask is not kept).
+// ---------------------------------------------------------------------------------------------
+namespace ccgraph {
+
+/// The derivative of pointwise op Op (see above); not defined for ops without one.
+template <class Op>
+struct pointwise_gradient;
+
+template <>
+struct pointwise_gradient<ops::add> {
+  template <class D>
+  static void backward(D& d) {
+    d.grad(0, d.g());
+    d.grad(1, d.g());
+  }
+};
+template <>
+struct pointwise_gradient<ops::sub> {
+  template <class D>
+  static void backward(D& d) {
+    d.grad(0, d.g());
+    d.grad(1, -d.g());
+  }
+};
+template <>
+struct pointwise_gradient<ops::mul> {
+  template <class D>
+  static void backward(D& d) {
+    d.grad(0, d.g() * d.arg(1));
+    d.grad(1, d.g() * d.arg(0));
+  }
+};
+template <>
+struct pointwise_gradient<ops::div> {
+  template <class D>
+  static void backward(D& d) {
+    d.grad(0, d.g() / d.arg(1));
+    d.grad(1, -d.g() * d.out() / d.arg(1));  // -g a / b^2
+  }
+};
+template <>
+struct pointwise_gradient<ops::neg> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, -d.g()); }
+};
+template <>
+struct pointwise_gradient<ops::abs> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * d.template call<ops::sign>(d.arg(0))); }
+};
+template <>
+struct pointwise_gradient<ops::relu> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.where(d.template call<ops::gt>(d.arg(0), 0.0), d.g(), 0.0)); }
+};
+template <>
+struct pointwise_gradient<ops::gelu> {
+  // d/da a Φ(a) = Φ(a) + a φ(a)
+  template <class D>
+  static void backward(D& d) {
+    const auto a = d.arg(0);
+    const auto cdf = 0.5 * (1.0 + d.template call<ops::erf>(a * 0.70710678118654752440));
+    const auto pdf = 0.39894228040143267794 * d.template call<ops::exp>(-0.5 * a * a);
+    d.grad(0, d.g() * (cdf + a * pdf));
+  }
+};
+template <>
+struct pointwise_gradient<ops::silu> {
+  // s (1 + a (1 - s)), s = sigmoid(a)
+  template <class D>
+  static void backward(D& d) {
+    const auto s = d.template call<ops::sigmoid>(d.arg(0));
+    d.grad(0, d.g() * s * (1.0 + d.arg(0) * (1.0 - s)));
+  }
+};
+template <>
+struct pointwise_gradient<ops::sigmoid> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * d.out() * (1.0 - d.out())); }
+};
+template <>
+struct pointwise_gradient<ops::sin> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * d.template call<ops::cos>(d.arg(0))); }
+};
+template <>
+struct pointwise_gradient<ops::cos> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, -d.g() * d.template call<ops::sin>(d.arg(0))); }
+};
+template <>
+struct pointwise_gradient<ops::exp> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * d.out()); }
+};
+template <>
+struct pointwise_gradient<ops::log> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() / d.arg(0)); }
+};
+template <>
+struct pointwise_gradient<ops::tanh> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * (1.0 - d.out() * d.out())); }
+};
+template <>
+struct pointwise_gradient<ops::sqrt> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * 0.5 / d.out()); }
+};
+template <>
+struct pointwise_gradient<ops::rsqrt> {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * -0.5 * d.out() * d.out() * d.out()); }
+};
+template <>
+struct pointwise_gradient<ops::erf> {
+  template <class D>
+  static void backward(D& d) {
+    d.grad(0, d.g() * 1.12837916709551257390 * d.template call<ops::exp>(-(d.arg(0) * d.arg(0))));
+  }
+};
+/// Piecewise constant ops: a zero gradient almost everywhere (as PyTorch gives).
+template <class Op>
+struct pointwise_gradient_zero {
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.g() * 0.0); }
+};
+template <>
+struct pointwise_gradient<ops::sign> : pointwise_gradient_zero<ops::sign> {};
+template <>
+struct pointwise_gradient<ops::floor> : pointwise_gradient_zero<ops::floor> {};
+template <>
+struct pointwise_gradient<ops::ceil> : pointwise_gradient_zero<ops::ceil> {};
+template <>
+struct pointwise_gradient<ops::round> : pointwise_gradient_zero<ops::round> {};
+template <>
+struct pointwise_gradient<ops::trunc> : pointwise_gradient_zero<ops::trunc> {};
+/// maximum / minimum: the gradient goes to the operand chosen, half each on a tie (PyTorch).
+template <class Cmp>
+struct pointwise_gradient_extreme {
+  template <class D>
+  static void backward(D& d) {
+    const auto a = d.arg(0), b = d.arg(1), g = d.g();
+    const auto tie = d.template call<ops::eq>(a, b);
+    d.grad(0, d.where(tie, g * 0.5, d.where(d.template call<Cmp>(a, b), g, 0.0)));
+    d.grad(1, d.where(tie, g * 0.5, d.where(d.template call<Cmp>(b, a), g, 0.0)));
+  }
+};
+template <>
+struct pointwise_gradient<ops::maximum> : pointwise_gradient_extreme<ops::gt> {};
+template <>
+struct pointwise_gradient<ops::minimum> : pointwise_gradient_extreme<ops::lt> {};
+template <>
+struct pointwise_gradient<ops::pow> {
+  // d/da a^b = b a^(b-1); d/db a^b = a^b log a (0 where a == 0, as PyTorch masks it)
+  template <class D>
+  static void backward(D& d) {
+    const auto a = d.arg(0), b = d.arg(1);
+    d.grad(0, d.g() * b * d.template call<ops::pow>(a, b - 1.0));
+    if (d.needs(1))
+      d.grad(1, d.where(d.template call<ops::eq>(a, 0.0), 0.0, d.g() * d.out() * d.template call<ops::log>(a)));
+  }
+};
+template <>
+struct pointwise_gradient<ops::clamp> {
+  // To a inside [lo, hi], to lo below it, to hi above it.
+  template <class D>
+  static void backward(D& d) {
+    const auto a = d.arg(0), lo = d.arg(1), hi = d.arg(2), g = d.g();
+    const auto below = d.template call<ops::lt>(a, lo), above = d.template call<ops::gt>(a, hi);
+    d.grad(0, d.where(below, 0.0, d.where(above, 0.0, g)));
+    if (d.needs(1)) d.grad(1, d.where(below, g, 0.0));
+    if (d.needs(2)) d.grad(2, d.where(below, 0.0, d.where(above, g, 0.0)));
+  }
+};
+template <>
+struct pointwise_gradient<ops::where> {
+  template <class D>
+  static void backward(D& d) {
+    d.grad(1, d.where(d.arg(0), d.g(), 0.0));
+    d.grad(2, d.where(d.arg(0), 0.0, d.g()));
+  }
+};
+
+}  // namespace ccgraph

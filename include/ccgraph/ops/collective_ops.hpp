@@ -247,12 +247,42 @@ std::vector<tensor_meta> infer_each(std::string_view what, const std::vector<ten
 
 namespace ccgraph {
 
+namespace ops::detail {
+/// A collective's reduction is linear (sum, avg, premul_sum), so it has a gradient: the gradient
+/// of the sum of every rank's loss. Others (product, min, max, bitwise) are an error naming it.
+template <class C>
+void require_linear_reduction(std::string_view what, reduce_op op, const C& c) {
+  const reduce_kind k = op.kind();
+  CCGRAPH_CHECK(k == reduce_kind::sum || k == reduce_kind::avg || k == reduce_kind::premul_sum, "grad: ", what,
+                " with op ", to_string(op), " (node %", c.current().name(), ") is not differentiable (sum, avg and "
+                "premul_sum are)");
+}
+/// The scale a member's input takes in a linear reduction over `n` members.
+inline double reduction_scale(reduce_op op, int n) {
+  return op.kind() == reduce_kind::avg ? 1.0 / n : op.kind() == reduce_kind::premul_sum ? op.factor() : 1.0;
+}
+/// The gradients of every output of a collective node (zeros where none flows).
+template <class C>
+auto output_grads(const C& c) {
+  std::vector<decltype(c.grad(0))> gs;
+  for (int k = 0; k < c.num_outputs(); ++k) gs.push_back(c.grad(k));
+  return gs;
+}
+}  // namespace ops::detail
+
 // ---- the traits of each collective ----
 
 template <>
 struct op_traits<ops::all_reduce> : ops::detail::collective_traits_common {
   using O = ops::all_reduce;
-  using gradient = gradient_todo;
+  /// Linear reductions: the same all_reduce of the gradient (sum of every rank's loss).
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      ops::detail::require_linear_reduction(O::name, o.op, c);
+      c.add_grad(0, c.collective(O{o.op}, ops::detail::output_grads(c))[0]);
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = true;  // output k may take input k's buffer when it dies
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -276,7 +306,15 @@ struct op_traits<ops::all_reduce> : ops::detail::collective_traits_common {
 template <>
 struct op_traits<ops::all_reduce_coalesced> : ops::detail::collective_traits_common {
   using O = ops::all_reduce_coalesced;
-  using gradient = gradient_todo;
+  /// As all_reduce, for every tensor in one launch.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      ops::detail::require_linear_reduction(O::name, o.op, c);
+      const auto gs = c.collective(O{o.op}, ops::detail::output_grads(c));
+      for (std::size_t i = 0; i < gs.size(); ++i) c.add_grad(i, gs[i]);
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = true;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -303,7 +341,13 @@ struct op_traits<ops::all_reduce_coalesced> : ops::detail::collective_traits_com
 template <>
 struct op_traits<ops::all_gather_into_tensor> : ops::detail::collective_traits_common {
   using O = ops::all_gather_into_tensor;
-  using gradient = gradient_todo;
+  /// The transpose of a gather: reduce_scatter (sum) of the gradient on the same dim.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      c.add_grad(0, c.collective(ops::reduce_scatter_tensor{reduce_op::sum, o.group_size}, ops::detail::output_grads(c))[0]);
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -326,7 +370,14 @@ struct op_traits<ops::all_gather_into_tensor> : ops::detail::collective_traits_c
 template <>
 struct op_traits<ops::all_gather_into_tensor_coalesced> : ops::detail::collective_traits_common {
   using O = ops::all_gather_into_tensor_coalesced;
-  using gradient = gradient_todo;
+  /// As all_gather_into_tensor, for every tensor in one launch.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      const auto gs = c.collective(ops::reduce_scatter_tensor_coalesced{reduce_op::sum, o.group_size}, ops::detail::output_grads(c));
+      for (std::size_t i = 0; i < gs.size(); ++i) c.add_grad(i, gs[i]);
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -352,7 +403,17 @@ struct op_traits<ops::all_gather_into_tensor_coalesced> : ops::detail::collectiv
 template <>
 struct op_traits<ops::reduce_scatter_tensor> : ops::detail::collective_traits_common {
   using O = ops::reduce_scatter_tensor;
-  using gradient = gradient_todo;
+  /// The transpose of a (linear) reduce_scatter: all_gather of the gradient on the same dim, scaled
+  /// as the reduction scaled each input.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      ops::detail::require_linear_reduction(O::name, o.op, c);
+      auto g = c.collective(ops::all_gather_into_tensor{o.group_size}, ops::detail::output_grads(c))[0];
+      const double s = ops::detail::reduction_scale(o.op, o.group_size);
+      c.add_grad(0, s == 1.0 ? g : decltype(g)(g * static_cast<typename C::value_type>(s)));
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -376,7 +437,17 @@ struct op_traits<ops::reduce_scatter_tensor> : ops::detail::collective_traits_co
 template <>
 struct op_traits<ops::reduce_scatter_tensor_coalesced> : ops::detail::collective_traits_common {
   using O = ops::reduce_scatter_tensor_coalesced;
-  using gradient = gradient_todo;
+  /// As reduce_scatter_tensor, for every tensor in one launch.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      ops::detail::require_linear_reduction(O::name, o.op, c);
+      const auto gs = c.collective(ops::all_gather_into_tensor_coalesced{o.group_size}, ops::detail::output_grads(c));
+      const double s = ops::detail::reduction_scale(o.op, o.group_size);
+      for (std::size_t i = 0; i < gs.size(); ++i)
+        c.add_grad(i, s == 1.0 ? gs[i] : decltype(gs[i])(gs[i] * static_cast<typename C::value_type>(s)));
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -403,7 +474,15 @@ struct op_traits<ops::reduce_scatter_tensor_coalesced> : ops::detail::collective
 template <>
 struct op_traits<ops::broadcast> : ops::detail::collective_traits_common {
   using O = ops::broadcast;
-  using gradient = gradient_todo;
+  /// The gradients of every member's copy reduced (summed) to the source; the other members' inputs
+  /// are not read: zeros. Every member issues the reduce.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      const auto r = c.collective(ops::reduce{reduce_op::sum, o.src}, ops::detail::output_grads(c))[0];
+      c.add_grad(0, c.rank() == o.src ? r : c.zeros_like(c.input(0)));
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -426,7 +505,13 @@ struct op_traits<ops::broadcast> : ops::detail::collective_traits_common {
 template <>
 struct op_traits<ops::all_to_all_single> : ops::detail::collective_traits_common {
   using O = ops::all_to_all_single;
-  using gradient = gradient_todo;
+  /// The transpose of an all-to-all: the all-to-all of the gradient with the split sizes swapped.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      c.add_grad(0, c.collective(O{o.input_split_sizes, o.output_split_sizes}, ops::detail::output_grads(c))[0]);
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
@@ -511,7 +596,25 @@ struct op_traits<ops::reduce> : ops::detail::collective_traits_common {
 template <>
 struct op_traits<ops::batch_isend_irecv> : ops::detail::collective_traits_common {
   using O = ops::batch_isend_irecv;
-  using gradient = gradient_todo;
+  /// The transposed batch: each received tensor's gradient is sent back to its sender, and each
+  /// sent tensor's gradient received from its receiver (permute_tensor: the inverse permutation).
+  /// Every rank runs it (a peer may need it even where this rank differentiates nothing).
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      O back;
+      for (const auto& d : o.ops)
+        if (!d.is_send) back.ops.push_back({true, d.peer, d.meta});
+      std::size_t sends = 0;
+      for (const auto& d : o.ops)
+        if (d.is_send) {
+          back.ops.push_back({false, d.peer, d.meta});
+          ++sends;
+        }
+      const auto gs = c.collective(back, ops::detail::output_grads(c));
+      for (std::size_t i = 0; i < sends; ++i) c.add_grad(i, gs.at(i));
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   /// Inputs are the sends' tensors in order (each must match its declared meta); outputs one

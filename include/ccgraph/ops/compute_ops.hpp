@@ -225,6 +225,12 @@ std::vector<any_tensor> run_view(const O& o, const run_args& a) {
 }  // namespace ops
 
 namespace detail {
+/// The gradient of a fused pointwise node (defined in autograd/pointwise_grad.hpp).
+template <class C>
+void pointwise_backward(const ops::pointwise& o, C& c);
+}  // namespace detail
+
+namespace detail {
 /// The general form of apply_op on tensors, for ops with several outputs, inputs of mixed
 /// element types, or a list of inputs: infer (the errors), then run_op; the outputs, erased.
 template <class O>
@@ -342,7 +348,11 @@ struct op_traits<ops::wait_tensor> {
     return {a.in[0]};
   }
   static op_cost cost(const O&, const cost_args&) { return op_cost::none(); }
-  using gradient = gradient_todo;
+  /// The wait passes its gradient through.
+  struct gradient {
+    template <class C>
+    static void backward(const O&, C& c) { c.add_grad(0, c.grad()); }
+  };
   using sharding = sharding_todo;
 };
 
@@ -381,7 +391,23 @@ struct op_traits<ops::matmul> {
     return op_cost::compute(flops, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out),
                             peak_class::matmul, a.in[0].dtype);
   }
-  using gradient = gradient_todo;
+  /// dA = dC Bᵀ, dB = Aᵀ dC, with 1-d operands as a row / column and broadcast batch dims summed.
+  struct gradient {
+    template <class C>
+    static void backward(const O&, C& c) {
+      auto a = c.input(0), b = c.input(1), g = c.grad();
+      const bool a1 = a.dim() == 1, b1 = b.dim() == 1;
+      if (a1) a = a.reshape({1, a.size(0)});
+      if (b1) b = b.reshape({b.size(0), 1});
+      shape_t gs = g.shape();  // the product's shape with the dims of 1-d operands kept
+      if (a1) gs.insert(gs.end() - (b1 ? 0 : 1), 1);
+      if (b1) gs.push_back(1);
+      if (gs != g.shape()) g = g.reshape(gs);
+      auto back = [&](auto v, std::size_t i) { return v.shape() == c.input(i).shape() ? v : v.reshape(c.input(i).shape()); };
+      if (c.needs_grad(0)) c.add_grad(0, back(c.sum_to(matmul(g, b.transpose(-2, -1)), a.shape()), 0));
+      if (c.needs_grad(1)) c.add_grad(1, back(c.sum_to(matmul(a.transpose(-2, -1), g), b.shape()), 1));
+    }
+  };
   using sharding = sharding_todo;
 };
 
@@ -420,7 +446,12 @@ struct op_traits<ops::pointwise> {
     const double flops = double(numel_of(a.out.at(0).shape)) * double(std::max<std::size_t>(1, detail::expr_op_count(o.expr)));
     return op_cost::compute(flops, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::vector);
   }
-  using gradient = gradient_todo;
+  /// Each op of the fused expression differentiated by its pointwise_gradient (expr/functors.hpp),
+  /// intermediates recomputed from the node's inputs (autograd/pointwise_grad.hpp).
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) { detail::pointwise_backward(o, c); }
+  };
   using sharding = sharding_todo;
 };
 
@@ -455,7 +486,21 @@ struct op_traits<ops::cat> {
   static op_cost cost(const O&, const cost_args& a) {
     return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
   }
-  using gradient = gradient_todo;
+  /// Each input gets its slice of the gradient.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      const auto g = c.grad();
+      const int d = normalize_dim(o.dim, g.shape().size(), "cat");
+      std::int64_t off = 0;
+      for (std::size_t i = 0; i < c.num_inputs(); ++i) {
+        const auto x = c.input(i);
+        const std::int64_t len = x.dim() > d ? x.size(d) : 0;
+        if (c.needs_grad(i)) c.add_grad(i, g.narrow(d, off, len));
+        off += len;
+      }
+    }
+  };
   using sharding = sharding_todo;
 };
 
@@ -488,7 +533,16 @@ struct op_traits<ops::stack> {
   static op_cost cost(const O&, const cost_args& a) {
     return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
   }
-  using gradient = gradient_todo;
+  /// Each input gets its slice of the gradient along the new dim.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      const auto g = c.grad();
+      const int d = normalize_dim(o.dim, g.shape().size(), "stack");
+      for (std::size_t i = 0; i < c.num_inputs(); ++i)
+        if (c.needs_grad(i)) c.add_grad(i, g.select(d, static_cast<std::int64_t>(i)));
+    }
+  };
   using sharding = sharding_todo;
 };
 
@@ -518,7 +572,22 @@ struct op_traits<ops::repeat> {
   static op_cost cost(const O&, const cost_args& a) {
     return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
   }
-  using gradient = gradient_todo;
+  /// The gradient summed over the repeats: viewed as [r0, s0, r1, s1, ...], summed over the r dims.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      const auto x = c.input(0);
+      const std::size_t extra = o.repeats.size() - x.shape().size();
+      shape_t split;
+      std::vector<std::int64_t> dims;
+      for (std::size_t d = 0; d < o.repeats.size(); ++d) {
+        dims.push_back(static_cast<std::int64_t>(split.size()));
+        split.push_back(o.repeats[d]);
+        split.push_back(d < extra ? 1 : x.shape()[d - extra]);
+      }
+      c.add_grad(0, sum(c.grad().reshape(split), dims).reshape(x.shape()));
+    }
+  };
   using sharding = sharding_todo;
 };
 
@@ -549,7 +618,15 @@ struct op_traits<ops::copy> {
   static op_cost cost(const O&, const cost_args& a) {
     return op_cost::compute(0, ops::detail::meta_bytes(a.in.at(1)) + ops::detail::meta_bytes(a.out), peak_class::none);
   }
-  using gradient = gradient_todo;
+  /// The source, broadcast to the destination's shape, gets the gradient summed back to its
+  /// shape; the destination only gives the shape (its values are overwritten): zeros.
+  struct gradient {
+    template <class C>
+    static void backward(const O&, C& c) {
+      if (c.needs_grad(0)) c.add_grad(0, c.zeros_like(c.input(0)));
+      if (c.needs_grad(1)) c.add_grad(1, c.sum_to(c.grad(), c.input(1).shape()));
+    }
+  };
   using sharding = sharding_todo;
 };
 
@@ -570,42 +647,77 @@ template <>
 struct op_traits<ops::reshape> : view_traits_common<ops::reshape, alias_kind::view_or_copy> {
   template <class T>
   static tensor<T> apply_view(const ops::reshape& o, const tensor<T>& t) { return t.reshape(o.shape); }
-  using gradient = gradient_todo;
+  /// The gradient reshaped back.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::reshape&, C& c) { c.add_grad(0, c.grad().reshape(c.input(0).shape())); }
+  };
   using sharding = sharding_todo;
 };
 template <>
 struct op_traits<ops::narrow> : view_traits_common<ops::narrow> {
   template <class T>
   static tensor<T> apply_view(const ops::narrow& o, const tensor<T>& t) { return t.narrow(o.dim, o.start, o.length); }
-  using gradient = gradient_todo;
+  /// The gradient in place of the slice, zeros elsewhere.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::narrow& o, C& c) { c.add_grad(0, c.pad_into(c.grad(), c.input(0), o.dim, o.start)); }
+  };
   using sharding = sharding_todo;
 };
 template <>
 struct op_traits<ops::transpose> : view_traits_common<ops::transpose> {
   template <class T>
   static tensor<T> apply_view(const ops::transpose& o, const tensor<T>& t) { return t.transpose(o.dim0, o.dim1); }
-  using gradient = gradient_todo;
+  /// The gradient transposed back.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::transpose& o, C& c) { c.add_grad(0, c.grad().transpose(o.dim0, o.dim1)); }
+  };
   using sharding = sharding_todo;
 };
 template <>
 struct op_traits<ops::permute> : view_traits_common<ops::permute> {
   template <class T>
   static tensor<T> apply_view(const ops::permute& o, const tensor<T>& t) { return t.permute(o.dims); }
-  using gradient = gradient_todo;
+  /// The gradient permuted by the inverse permutation.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::permute& o, C& c) {
+      const auto g = c.grad();
+      std::vector<std::int64_t> inv(o.dims.size());
+      for (std::size_t i = 0; i < o.dims.size(); ++i)
+        inv[static_cast<std::size_t>(normalize_dim(o.dims[i], o.dims.size(), "permute"))] = static_cast<std::int64_t>(i);
+      c.add_grad(0, g.permute(inv));
+    }
+  };
   using sharding = sharding_todo;
 };
 template <>
 struct op_traits<ops::select> : view_traits_common<ops::select> {
   template <class T>
   static tensor<T> apply_view(const ops::select& o, const tensor<T>& t) { return t.select(o.dim, o.index); }
-  using gradient = gradient_todo;
+  /// The gradient in place of the selected slice, zeros elsewhere.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::select& o, C& c) {
+      const auto x = c.input(0);
+      const int d = normalize_dim(o.dim, x.shape().size(), "select");
+      const std::int64_t index = o.index < 0 ? o.index + x.size(d) : o.index;
+      c.add_grad(0, c.pad_into(c.grad().unsqueeze(d), x, d, index));
+    }
+  };
   using sharding = sharding_todo;
 };
 template <>
 struct op_traits<ops::unsqueeze> : view_traits_common<ops::unsqueeze> {
   template <class T>
   static tensor<T> apply_view(const ops::unsqueeze& o, const tensor<T>& t) { return t.unsqueeze(o.dim); }
-  using gradient = gradient_todo;
+  /// The gradient reshaped back.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::unsqueeze&, C& c) { c.add_grad(0, c.grad().reshape(c.input(0).shape())); }
+  };
   using sharding = sharding_todo;
 };
 /// contiguous: the input itself when contiguous, else a copy. Costed as the copy it is after a
@@ -617,7 +729,11 @@ struct op_traits<ops::contiguous> : view_traits_common<ops::contiguous, alias_ki
   static op_cost cost(const ops::contiguous&, const cost_args& a) {
     return op_cost::compute(0, ops::detail::meta_bytes(a.in) + ops::detail::meta_bytes(a.out), peak_class::none);
   }
-  using gradient = gradient_todo;
+  /// The gradient itself.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::contiguous&, C& c) { c.add_grad(0, c.grad()); }
+  };
   using sharding = sharding_todo;
 };
 

@@ -452,6 +452,17 @@ struct index_traits_common {
 
 template <>
 struct op_traits<ops::embedding> : detail::index_traits_common {
+  /// embedding_backward: the rows of the gradient summed per looked-up row (the indices carry none).
+  struct gradient {
+    template <class C>
+    static void backward(const ops::embedding& o, C& c) {
+      const std::int64_t rows = c.input(1).size(0);
+      if (c.current().args()[0].src->dtype(c.current().args()[0].index) == dtype::i32)
+        c.add_grad(1, embedding_backward(c.grad(), c.template input<std::int32_t>(0), rows, o.padding_idx));
+      else
+        c.add_grad(1, embedding_backward(c.grad(), c.template input<std::int64_t>(0), rows, o.padding_idx));
+    }
+  };
   /// Inputs: indices (i64/i32), weight [V, D].
   static std::vector<tensor_meta> infer(const ops::embedding& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(ops::embedding::name, in, 2);
@@ -496,6 +507,14 @@ struct op_traits<ops::index_select> : detail::index_traits_common {
 
 template <>
 struct op_traits<ops::gather> : detail::index_traits_common {
+  /// scatter_add of the gradient into zeros of the input's shape.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::gather& o, C& c) {
+      const auto x = c.input(0);
+      c.add_grad(0, scatter_add(c.zeros_like(x), o.dim, c.template input<std::int64_t>(1), c.grad()));
+    }
+  };
   /// Inputs: input, index (i64, input's rank).
   static std::vector<tensor_meta> infer(const ops::gather& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(ops::gather::name, in, 2);
@@ -508,6 +527,14 @@ struct op_traits<ops::gather> : detail::index_traits_common {
 
 template <>
 struct op_traits<ops::scatter_add> : detail::index_traits_common {
+  /// self gets the gradient; src the gradient gathered at the index.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::scatter_add& o, C& c) {
+      if (c.needs_grad(0)) c.add_grad(0, c.grad());
+      if (c.needs_grad(2)) c.add_grad(2, gather(c.grad(), o.dim, c.template input<std::int64_t>(1)));
+    }
+  };
   /// Inputs: self, index (i64), src (self's dtype).
   static std::vector<tensor_meta> infer(const ops::scatter_add& o, const std::vector<tensor_meta>& in,
                                         const infer_ctx&) {

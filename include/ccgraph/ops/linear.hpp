@@ -198,6 +198,15 @@ struct linear_traits_common {
 
 template <>
 struct op_traits<ops::bmm> : detail::linear_traits_common {
+  /// dA = dC Bᵀ, dB = Aᵀ dC per batch.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::bmm&, C& c) {
+      const auto a = c.input(0), b = c.input(1), g = c.grad();
+      if (c.needs_grad(0)) c.add_grad(0, bmm(g, b.transpose(1, 2).contiguous()));
+      if (c.needs_grad(1)) c.add_grad(1, bmm(a.transpose(1, 2).contiguous(), g));
+    }
+  };
   static std::vector<tensor_meta> infer(const ops::bmm&, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(ops::bmm::name, in, 2);
     ops::detail::expect_same_dtype(ops::bmm::name, in);
@@ -215,6 +224,21 @@ struct op_traits<ops::bmm> : detail::linear_traits_common {
 
 template <>
 struct op_traits<ops::linear> : detail::linear_traits_common {
+  /// y = x wᵀ + b: dx = dy w, dw = dyᵀ x over the flattened leading dims, db = dy summed over them.
+  /// A fused activation (gelu_tanh) is not differentiated yet: an error.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::linear& o, C& c) {
+      CCGRAPH_CHECK(o.activation == linear_activation::none, "grad: linear (node %", c.current().name(), ") with the fused ",
+                    to_string(o.activation), " activation has no gradient rule yet");
+      const auto x = c.input(0), w = c.input(1), g = c.grad();
+      const std::int64_t out = w.size(0), in = w.size(1);
+      if (c.needs_grad(0)) c.add_grad(0, matmul(g, w));
+      const auto g2 = g.reshape({-1, out});
+      if (c.needs_grad(1)) c.add_grad(1, matmul(g2.transpose(0, 1), x.reshape({-1, in})));
+      if (c.num_inputs() > 2 && c.needs_grad(2)) c.add_grad(2, sum(g2, std::vector<std::int64_t>{0}));
+    }
+  };
   /// Inputs: x [..., in], w [out, in], and optionally bias [out]; one floating dtype.
   static std::vector<tensor_meta> infer(const ops::linear&, const std::vector<tensor_meta>& in, const infer_ctx&) {
     CCGRAPH_CHECK(in.size() == 2 || in.size() == 3, "linear: expects 2 or 3 input(s) (x, weight, bias), got ",

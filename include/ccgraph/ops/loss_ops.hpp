@@ -38,6 +38,22 @@ struct cross_entropy_backward {
 
 template <>
 struct op_traits<ops::cross_entropy> : ops::detail::kernel_op_traits {
+  /// cross_entropy_backward from the saved logsumexp; the target carries no gradient, and the
+  /// class weights are not differentiated (an error when asked).
+  struct gradient {
+    template <class C>
+    static void backward(const ops::cross_entropy& o, C& c) {
+      using T = typename C::value_type;
+      using S = detail::norm_stat_t<T>;
+      CCGRAPH_CHECK(!c.has_grad(1), "grad: cross_entropy (node %", c.current().name(), "): its lse output is not differentiated");
+      CCGRAPH_CHECK(!o.has_weight || !c.needs_grad(2), "grad: cross_entropy (node %", c.current().name(),
+                    "): the gradient with respect to the class weights is not supported");
+      std::optional<decltype(c.input(0))> w;
+      if (o.has_weight) w = c.input(2);
+      c.add_grad(0, cross_entropy_backward(c.grad(), c.input(0), c.template input<std::int64_t>(1), c.template output<S>(1),
+                                           w, o.ignore_index, o.reduction, o.label_smoothing));
+    }
+  };
   using O = ops::cross_entropy;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, o.has_weight ? 3 : 2);

@@ -76,6 +76,16 @@ namespace detail {
 /// softmax and log_softmax.
 template <class O, bool Log>
 struct softmax_op_traits : ops::detail::kernel_op_traits {
+  /// softmax_backward / log_softmax_backward from the output.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      if constexpr (Log)
+        c.add_grad(0, log_softmax_backward(c.grad(), c.output(), o.dim));
+      else
+        c.add_grad(0, softmax_backward(c.grad(), c.output(), o.dim));
+    }
+  };
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
     return {softmax_meta(in[0], o.dim, O::name.data())};
@@ -171,6 +181,23 @@ struct op_traits<ops::log_softmax_backward> : detail::softmax_backward_op_traits
 
 template <>
 struct op_traits<ops::layer_norm> : ops::detail::kernel_op_traits {
+  /// layer_norm_backward from the saved mean and rstd (the statistics carry no gradient).
+  struct gradient {
+    template <class C>
+    static void backward(const ops::layer_norm& o, C& c) {
+      using T = typename C::value_type;
+      using S = detail::norm_stat_t<T>;
+      CCGRAPH_CHECK(!c.has_grad(1) && !c.has_grad(2), "grad: layer_norm (node %", c.current().name(),
+                    "): its mean and rstd outputs are not differentiated");
+      std::optional<decltype(c.input(0))> w;
+      if (o.has_weight) w = c.input(1);
+      auto [gi, gw, gb] = layer_norm_backward(c.grad(), c.input(0), o.normalized_shape, c.template output<S>(1),
+                                              c.template output<S>(2), w, o.has_bias);
+      c.add_grad(0, gi);
+      if (o.has_weight) c.add_grad(1, *gw);
+      if (o.has_bias) c.add_grad(o.has_weight ? 2 : 1, *gb);
+    }
+  };
   using O = ops::layer_norm;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1 + (o.has_weight ? 1 : 0) + (o.has_bias ? 1 : 0));
@@ -200,6 +227,20 @@ struct op_traits<ops::layer_norm> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::rms_norm> : ops::detail::kernel_op_traits {
+  /// rms_norm_backward from the saved rstd (which carries no gradient).
+  struct gradient {
+    template <class C>
+    static void backward(const ops::rms_norm& o, C& c) {
+      using T = typename C::value_type;
+      using S = detail::norm_stat_t<T>;
+      CCGRAPH_CHECK(!c.has_grad(1), "grad: rms_norm (node %", c.current().name(), "): its rstd output is not differentiated");
+      std::optional<decltype(c.input(0))> w;
+      if (o.has_weight) w = c.input(1);
+      auto [gi, gw] = rms_norm_backward(c.grad(), c.input(0), o.normalized_shape, c.template output<S>(1), w);
+      c.add_grad(0, gi);
+      if (o.has_weight) c.add_grad(1, *gw);
+    }
+  };
   using O = ops::rms_norm;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1 + (o.has_weight ? 1 : 0));

@@ -131,6 +131,14 @@ struct cuda_impl;
 struct gradient_todo {
   static constexpr std::string_view reason = "issue 15 (autograd) gives each op its gradient rule";
 };
+/// The gradient slot of an op that passes no gradient to its inputs (argmax, comparisons,
+/// integer ops, a max or min all_reduce): cg::grad through it, from an input that is
+/// differentiated, is an error naming it. Otherwise `gradient` is a rule type with
+/// `template <class C> static void backward(const O&, C& c)` (autograd/grad.hpp's grad_ctx:
+/// c.input<U>(i), c.output<U>(k), c.grad<U>(k), c.needs_grad(i), c.add_grad(i, g)) that records
+/// the gradients of the inputs with the public ops on traced values: one definition serves the
+/// traced and the eager (trace, then run) gradient.
+struct not_differentiable {};
 /// See gradient_todo.
 struct sharding_todo {
   static constexpr std::string_view reason = "issue 16 (DTensor) gives each op its sharding rule";
@@ -275,7 +283,8 @@ constexpr void require_coalesce() {
 }
 template <class O>
 constexpr void require_gradient() {
-  CCGRAPH_OP_REQUIRE("gradient (declare `using gradient = gradient_todo;` until it has one)",
+  CCGRAPH_OP_REQUIRE("gradient (a rule, `using gradient = not_differentiable;`, or `using gradient = gradient_todo;` "
+                     "until it has one)",
                      op_has_gradient<O>);
 }
 template <class O>

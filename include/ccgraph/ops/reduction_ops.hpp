@@ -224,6 +224,15 @@ struct var_backward {
 
 template <>
 struct op_traits<ops::sum> : ops::detail::kernel_op_traits {
+  /// The gradient broadcast back over the summed dims.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::sum& o, C& c) {
+      const auto x = c.input(0);
+      const shape_t kept = detail::sum_meta({x.dtype(), x.shape()}, o.dims, true).shape;
+      c.add_grad(0, c.expand_as(c.grad().reshape(kept), x));
+    }
+  };
   using O = ops::sum;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
@@ -242,6 +251,16 @@ struct op_traits<ops::sum> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::mean> : ops::detail::kernel_op_traits {
+  /// The gradient over the count, broadcast back over the averaged dims.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::mean& o, C& c) {
+      const auto x = c.input(0);
+      const shape_t kept = detail::sum_meta({x.dtype(), x.shape()}, o.dims, true).shape;
+      const double count = double(x.numel()) / double(std::max<std::int64_t>(1, numel_of(kept)));
+      c.add_grad(0, c.expand_as(decltype(x)(c.grad().reshape(kept) / count), x));
+    }
+  };
   using O = ops::mean;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
@@ -260,6 +279,13 @@ struct op_traits<ops::mean> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::var> : ops::detail::kernel_op_traits {
+  /// var_backward (grad, input).
+  struct gradient {
+    template <class C>
+    static void backward(const ops::var& o, C& c) {
+      c.add_grad(0, var_backward(c.grad(), c.input(0), o.dims, o.correction, o.keepdim));
+    }
+  };
   using O = ops::var;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
@@ -281,6 +307,13 @@ namespace detail {
 /// amax and amin: one definition, `Max` picks the kernel.
 template <class O, bool Max>
 struct extreme_op_traits : ops::detail::kernel_op_traits {
+  /// amax_backward: the gradient split evenly over the elements equal to the result.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      c.add_grad(0, amax_backward(c.grad(), c.input(0), c.output(0), o.dims, o.keepdim));
+    }
+  };
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
     return {detail::amax_meta(in[0], o.dims, o.keepdim, O::name.data())};
@@ -305,6 +338,11 @@ namespace detail {
 /// max() and min() over every element.
 template <class O, bool Max>
 struct extreme_all_op_traits : ops::detail::kernel_op_traits {
+  /// max_backward: the gradient split evenly over the elements equal to the result.
+  struct gradient {
+    template <class C>
+    static void backward(const O&, C& c) { c.add_grad(0, max_backward(c.grad(), c.input(0), c.output(0))); }
+  };
   static std::vector<tensor_meta> infer(const O&, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
     return {detail::max_all_meta(in[0], O::name.data())};
@@ -329,6 +367,14 @@ namespace detail {
 /// max(dim) and min(dim): values and i64 indices.
 template <class O, bool Max>
 struct extreme_dim_op_traits : ops::detail::kernel_op_traits {
+  /// max_dim_backward: the values' gradient at the selected indices (the indices carry none).
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      const auto x = c.input(0);
+      c.add_grad(0, max_dim_backward(c.grad(0), c.template output<std::int64_t>(1), o.dim, o.keepdim, x.shape()));
+    }
+  };
   static constexpr const char* what = Max ? "max" : "min";  // the kernels' (PyTorch's) name
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
@@ -360,6 +406,8 @@ namespace detail {
 /// argmax and argmin.
 template <class O, bool Max>
 struct arg_op_traits : ops::detail::kernel_op_traits {
+  /// An index carries no gradient.
+  using gradient = not_differentiable;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 1);
     return {detail::argmax_meta(in[0], o.dim, o.keepdim, O::name.data())};

@@ -38,7 +38,11 @@ struct op_traits<ops::squeeze> : view_traits_common<ops::squeeze> {
     const int d = normalize_dim(o.dim, t.shape().size(), "squeeze");
     return t.shape()[static_cast<std::size_t>(d)] == 1 ? t.select(d, 0) : t;  // select drops the dim
   }
-  using gradient = gradient_todo;
+  /// The gradient reshaped back.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::squeeze&, C& c) { c.add_grad(0, c.grad().reshape(c.input(0).shape())); }
+  };
   using sharding = sharding_todo;
 };
 

@@ -1,0 +1,390 @@
+// ccgraph/autograd/grad.hpp: cg::grad and cg::value_and_grad (JAX-style). Reverse mode over the
+// traced graph: the backward of each node is recorded, by the node's own gradient rule
+// (op_traits<O>::gradient, next to the op), as more nodes of the same graph, so the result is one
+// joint forward + backward graph that cg::schedule, cg::compile and cg::compile_function take
+// unchanged. Called with tensors, the function is traced, differentiated and run at once.
+//
+// Everything here is a template instantiated where a gradient is taken: including this header
+// (the umbrella does) compiles no rule.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ccgraph/autograd/pointwise_grad.hpp>
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/ir/graph.hpp>
+#include <ccgraph/runtime/executor.hpp>
+#include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/trace/ops.hpp>
+#include <ccgraph/trace/symbolic.hpp>
+#include <ccgraph/trace/trace.hpp>
+
+namespace ccgraph {
+namespace detail {
+
+/// Calls f(tag) with a value of the floating element type `d` that gradients are taken in
+/// (f32, f64); any other type is an error naming `what`.
+template <class F>
+decltype(auto) visit_grad_dtype(dtype d, std::string_view what, F&& f) {
+  if (d == dtype::f64) return f(double{});
+  CCGRAPH_CHECK(d == dtype::f32, "grad: ", what, " is ", d, "; gradients are taken in f32 and f64 (", d,
+                " is not supported yet)");
+  return f(float{});
+}
+
+/// What a gradient rule sees of one node: its op's inputs and outputs as traced values, the
+/// gradients flowing into its outputs, and where the gradients of its inputs go. T is the
+/// element type of the node's differentiated outputs. A rule reads `input<U>(i)`, `output<U>(k)`,
+/// `grad<U>(k)`, asks `needs_grad(i)`, and gives each needed input's gradient with `add_grad(i, g)`.
+template <class T>
+class grad_ctx {
+ public:
+  /// The element type the node's gradients are in.
+  using value_type = T;
+
+  grad_ctx(trace_state* st, const node* n, std::vector<std::optional<value_ref>> gout, std::vector<char> needs)
+      : st_(st), n_(n), gout_(std::move(gout)), needs_(std::move(needs)), gin_(n->args().size()) {}
+
+  /// Number of inputs and of outputs of the node.
+  std::size_t num_inputs() const { return n_->args().size(); }
+  int num_outputs() const { return n_->num_outputs(); }
+  /// Input i as a traced value of element type U.
+  template <class U = T>
+  symbolic<U> input(std::size_t i) const {
+    return symbolic<U>(st_, n_->args().at(i));
+  }
+  /// Output k as a traced value of element type U.
+  template <class U = T>
+  symbolic<U> output(int k = 0) const {
+    return symbolic<U>(st_, {const_cast<node*>(n_), k});
+  }
+  /// True when a gradient flows into output k.
+  bool has_grad(int k = 0) const { return gout_.at(static_cast<std::size_t>(k)).has_value(); }
+  /// The gradient of output k (zeros of its shape when none flows there).
+  template <class U = T>
+  symbolic<U> grad(int k = 0) const {
+    if (const auto& g = gout_.at(static_cast<std::size_t>(k))) return symbolic<U>(st_, *g);
+    return filled_like(output<U>(k), 0.0);
+  }
+  /// True when input i needs a gradient (it depends on a differentiated input).
+  bool needs_grad(std::size_t i) const { return needs_.at(i) != 0; }
+  /// Adds `g` to input i's gradient.
+  template <class U>
+  void add_grad(std::size_t i, const symbolic<U>& g) {
+    if (!needs_grad(i)) return;
+    const tensor_meta& m = n_->args().at(i).src->meta(n_->args()[i].index);
+    CCGRAPH_CHECK(g.shape() == m.shape && dtype_v<U> == m.dtype, "grad: the gradient rule of ", n_->op(), " (node %",
+                  n_->name(), ") gave input ", i, " a gradient ", tensor_meta{dtype_v<U>, g.shape()}.str(),
+                  " for an input ", m.str());
+    auto& slot = gin_.at(i);
+    slot = slot ? symbolic<U>(symbolic<U>(st_, *slot) + g).ref() : g.ref();
+  }
+  /// The node's group (collectives).
+  const group_info& group() const {
+    CCGRAPH_CHECK(n_->group().has_value(), "grad: node %", n_->name(), " (", n_->op(), ") has no group");
+    return *n_->group();
+  }
+  /// The rank the graph is traced for.
+  int rank() const { return st_->rank; }
+  /// Records collective `op` on `xs` over this node's group (its waits follow).
+  template <class U>
+  std::vector<symbolic<U>> collective(ops::collective_op op, const std::vector<symbolic<U>>& xs) const {
+    return collective_backend<symbolic<U>>::issue(ops::name_of(op).data(), std::move(op), group(), xs);
+  }
+  /// Helpers for rules (members, so a rule in an op header finds them where it is instantiated):
+  /// `g` summed down to `shape` (the gradient of a broadcast).
+  template <class U>
+  symbolic<U> sum_to(const symbolic<U>& g, const shape_t& shape) const {
+    return sum_to_shape(g, shape);
+  }
+  /// Zeros of x's shape and type.
+  template <class U>
+  symbolic<U> zeros_like(const symbolic<U>& x) const {
+    return filled_like(x, 0.0);
+  }
+  /// `v` broadcast to `like`'s shape.
+  template <class U>
+  symbolic<U> expand_as(const symbolic<U>& v, const symbolic<U>& like) const {
+    return expand_like(like, v);
+  }
+  /// `g` (of a slice of length g.size(dim) at `start` along `dim`) placed in zeros of `like`'s
+  /// shape: the gradient of narrow / select.
+  template <class U>
+  symbolic<U> pad_into(const symbolic<U>& g, const symbolic<U>& like, std::int64_t dim, std::int64_t start) const {
+    const int d = normalize_dim(dim, like.shape().size(), "grad");
+    const std::int64_t len = g.size(d), total = like.size(d);
+    if (len == total) return g;
+    std::vector<symbolic<U>> parts;
+    if (start > 0) parts.push_back(filled_like(like.narrow(d, 0, start), 0.0));
+    parts.push_back(g);
+    if (start + len < total) parts.push_back(filled_like(like.narrow(d, start + len, total - start - len), 0.0));
+    return cat(parts, d);
+  }
+  /// The node, for messages.
+  const node& current() const { return *n_; }
+  /// The gradients given to the inputs (what the engine collects).
+  const std::vector<std::optional<value_ref>>& input_grads() const { return gin_; }
+
+ private:
+  trace_state* st_;
+  const node* n_;
+  std::vector<std::optional<value_ref>> gout_;
+  std::vector<char> needs_;
+  std::vector<std::optional<value_ref>> gin_;
+};
+
+/// Runs node `n`'s gradient rule (op_traits<O>::gradient::backward): an op whose rule is still
+/// gradient_todo, or that is not_differentiable, is an error naming it.
+template <class T>
+void run_gradient_rule(grad_ctx<T>& c) {
+  const node& n = c.current();
+  visit_op(n.kind(), [&](const auto& o) {
+    using O = std::decay_t<decltype(o)>;
+    using G = typename op_traits<O>::gradient;
+    if constexpr (std::is_same_v<G, gradient_todo> && std::is_same_v<O, ops::user>) {
+      CCGRAPH_THROW(error, "grad: user op ", o.op, " (node %", n.name(), ") has no gradient rule, and a "
+                    "differentiated input reaches the result through it");
+    } else if constexpr (std::is_same_v<G, gradient_todo>) {
+      CCGRAPH_THROW(error, "grad: ", O::name, " (node %", n.name(), ") has no gradient rule yet, and a differentiated "
+                    "input reaches the result through it (", G::reason, ")");
+    } else if constexpr (std::is_same_v<G, not_differentiable>) {
+      CCGRAPH_THROW(error, "grad: ", O::name, " (node %", n.name(), ") is not differentiable, and a differentiated "
+                    "input reaches the result through it");
+    } else {
+      G::backward(o, c);
+    }
+  });
+}
+
+/// The sum of two gradients of one value. (A template, so that it is compiled only where a
+/// gradient is taken, not in every translation unit of the umbrella header.)
+template <class Unused = void>
+value_ref add_grads(trace_state& st, value_ref a, value_ref b) {
+  return visit_grad_dtype(a.src->dtype(a.index), "a gradient", [&](auto tag) {
+    using U = decltype(tag);
+    return symbolic<U>(symbolic<U>(&st, a) + symbolic<U>(&st, b)).ref();
+  });
+}
+
+/// Reverse mode over the nodes of `st`'s graph recorded so far: records the gradient of `loss`
+/// (one element) with respect to each of `wrt` and returns them (zeros for an input the loss
+/// does not depend on). Only floating values carry gradients: an integer or bool value (an
+/// index, a comparison) stops them.
+template <class Unused = void>
+std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vector<value_ref>& wrt) {
+  const std::vector<node*> order = st.g.nodes();  // a copy: the rules append nodes
+  struct key_hash {
+    std::size_t operator()(const value_ref& r) const {
+      return std::hash<const void*>()(r.src) ^ (static_cast<std::size_t>(r.index) * 0x9e3779b97f4a7c15ULL);
+    }
+  };
+  // Values that depend on a differentiated input.
+  std::unordered_map<value_ref, char, key_hash> depends;
+  for (const value_ref& w : wrt) depends[w] = 1;
+  for (node* n : order) {
+    if (n->category() == op_category::output) continue;
+    bool any = false;
+    for (const value_ref& a : n->args()) any = any || depends.count(a);
+    // A point-to-point batch may carry a peer's differentiated value: its receives count as
+    // depending on one on every rank, so all ranks run its backward alike.
+    if (!any && !std::holds_alternative<ops::batch_isend_irecv>(n->kind())) continue;
+    for (int k = 0; k < n->num_outputs(); ++k)
+      if (is_floating(n->dtype(k))) depends.emplace(value_ref{n, k}, 1);
+  }
+  std::unordered_map<value_ref, value_ref, key_hash> grads;
+  auto accumulate = [&](value_ref v, value_ref g) {
+    auto [it, fresh] = grads.emplace(v, g);
+    if (!fresh) it->second = add_grads(st, it->second, g);
+  };
+  if (depends.count(loss)) {
+    visit_grad_dtype(loss.src->dtype(loss.index), "the function's result", [&](auto tag) {
+      using U = decltype(tag);
+      accumulate(loss, filled_like(symbolic<U>(&st, loss), 1.0).ref());
+    });
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    node* n = *it;
+    if (n->category() == op_category::output || n->category() == op_category::input) continue;
+    std::vector<std::optional<value_ref>> gout(static_cast<std::size_t>(n->num_outputs()));
+    bool any_grad = false;
+    int first = -1;
+    for (int k = 0; k < n->num_outputs(); ++k)
+      if (auto g = grads.find({n, k}); g != grads.end()) {
+        gout[static_cast<std::size_t>(k)] = g->second;
+        any_grad = true;
+        if (first < 0) first = k;
+      }
+    std::vector<char> needs(n->args().size(), 0);
+    bool any_need = false;
+    for (std::size_t i = 0; i < needs.size(); ++i) {
+      needs[i] = depends.count(n->args()[i]) ? 1 : 0;
+      any_need = any_need || needs[i];
+    }
+    // Every rank must issue the same backward collectives: a collective's backward runs wherever
+    // its input is differentiated (SPMD: on every rank alike), with zeros for a result this rank
+    // does not use, and a point-to-point batch's backward runs on every rank.
+    const bool p2p = std::holds_alternative<ops::batch_isend_irecv>(n->kind());
+    const bool run = p2p || (n->is_collective() ? any_need : any_grad && any_need);
+    if (!run) continue;
+    // The element type of the rule: of the first output with a gradient, else the first
+    // floating output or input (a collective whose result this rank does not use).
+    dtype dt = dtype::f32;
+    bool found = false;
+    if (first >= 0) {
+      dt = n->dtype(first);
+      found = true;
+    }
+    for (int k = 0; !found && k < n->num_outputs(); ++k)
+      if (is_floating(n->dtype(k))) dt = n->dtype(k), found = true;
+    for (const value_ref& a : n->args())
+      if (!found && is_floating(a.src->dtype(a.index))) dt = a.src->dtype(a.index), found = true;
+    if (!found) continue;
+    const std::string what = "a value of %" + n->name();
+    visit_grad_dtype(dt, what, [&](auto tag) {
+      using U = decltype(tag);
+      grad_ctx<U> c(&st, n, std::move(gout), needs);
+      run_gradient_rule(c);
+      for (std::size_t i = 0; i < needs.size(); ++i) {
+        if (!needs[i]) continue;
+        const auto& g = c.input_grads()[i];
+        CCGRAPH_CHECK(g.has_value(), "grad: the gradient rule of ", n->op(), " (node %", n->name(),
+                      ") gave no gradient for its input ", i, " (%", n->args()[i].src->name(), ")");
+        accumulate(n->args()[i], *g);
+      }
+    });
+  }
+  std::vector<value_ref> out;
+  for (const value_ref& w : wrt) {
+    if (auto g = grads.find(w); g != grads.end()) {
+      out.push_back(g->second);
+    } else {
+      out.push_back(visit_grad_dtype(w.src->dtype(w.index), "a differentiated input", [&](auto tag) {
+        using U = decltype(tag);
+        return filled_like(symbolic<U>(&st, w), 0.0).ref();
+      }));
+    }
+  }
+  return out;
+}
+
+/// The element type gradients of a function of inputs Ts... are returned in: the first floating
+/// one's (each differentiated input must have it).
+template <class... Ts>
+struct grad_element;
+template <>
+struct grad_element<> {
+  using type = float;
+};
+template <class T, class... Ts>
+struct grad_element<T, Ts...> {
+  using type = std::conditional_t<is_floating(dtype_v<T>), T, typename grad_element<Ts...>::type>;
+};
+
+template <class X>
+struct traced_value_type {
+  using type = typename X::value_type;
+};
+
+}  // namespace detail
+
+/// What cg::value_and_grad returns: a callable that gives std::tuple{value, gradient of each
+/// `wrt` input, in order}. Called with traced values (inside cg::trace) it records the forward
+/// and the backward into the enclosing trace; called with tensors it traces, differentiates and
+/// runs at once (on the calling rank's context inside run_threads, else on a one-rank world).
+/// `f` must return one element (a 0-d or 1-element tensor).
+template <class F, std::size_t N, bool WithValue>
+class value_and_grad_fn {
+ public:
+  value_and_grad_fn(F f, std::array<int, N> wrt) : f_(std::move(f)), wrt_(wrt) {}
+
+  /// Traced: the value and the gradients as traced values of the enclosing trace.
+  template <class... Ts>
+  auto operator()(const symbolic<Ts>&... xs) const {
+    static_assert(sizeof...(Ts) > 0, "value_and_grad: the function needs at least one input");
+    using G = typename detail::grad_element<Ts...>::type;
+    const std::array<value_ref, sizeof...(Ts)> refs{xs.ref()...};
+    detail::trace_state* st = std::get<0>(std::forward_as_tuple(xs...)).state();
+    auto result = f_(xs...);
+    using R = std::remove_cvref_t<decltype(result)>;
+    static_assert(is_symbolic_v<R> || is_expression_v<R>,
+                  "value_and_grad: the function must return one tensor (its loss), a 0-d or 1-element one");
+    const symbolic<typename detail::traced_value_type<R>::type> value = result;
+    CCGRAPH_CHECK(value.numel() == 1, "value_and_grad: the function must return one element (a 0-d or 1-element "
+                  "tensor), got shape ", shape_str(value.shape()));
+    std::vector<value_ref> wrt;
+    for (std::size_t i = 0; i < N; ++i) {
+      const int k = wrt_[i];
+      CCGRAPH_CHECK(k >= 0 && static_cast<std::size_t>(k) < sizeof...(Ts), "value_and_grad: wrt index ", k,
+                    " is out of range for a function of ", sizeof...(Ts), " input(s)");
+      const tensor_meta& m = refs[static_cast<std::size_t>(k)].src->meta(refs[static_cast<std::size_t>(k)].index);
+      CCGRAPH_CHECK(m.dtype == dtype_v<G>, "value_and_grad: input ", k, " is ", m.str(), "; the inputs differentiated "
+                    "must all have the element type of the first floating input (", dtype_v<G>, ")");
+      wrt.push_back(refs[static_cast<std::size_t>(k)]);
+    }
+    const std::vector<value_ref> g = detail::backprop(*st, value.ref(), wrt);
+    auto grads = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{symbolic<G>(st, g[I])...};
+    }(std::make_index_sequence<N>{});
+    if constexpr (WithValue)
+      return std::tuple_cat(std::tuple{value}, grads);
+    else if constexpr (N == 1)
+      return std::get<0>(grads);
+    else
+      return grads;
+  }
+
+  /// Eager: traces the function on these tensors' shapes, differentiates it and runs the joint
+  /// graph; the same values as the traced form gives.
+  template <class... Ts>
+  auto operator()(const tensor<Ts>&... xs) const {
+    auto g = trace([this](const auto&... s) { return (*this)(s...); }, xs...);
+    if (rank_context* ctx = detail::current_rank_ptr()) return compile(g, *ctx)(xs...);
+    // No rank: a world of one, with no communicator (a collective in f then needs run_threads).
+    const device dev = std::get<0>(std::forward_as_tuple(xs...)).device();
+    rank_context local(0, 1, dev, std::make_shared<group_registry>(1), nullptr);
+    return compile(g, local)(xs...);
+  }
+
+ private:
+  F f_;
+  std::array<int, N> wrt_;
+};
+
+/// cg::value_and_grad(f, {1, 2}): a callable returning std::tuple{f(xs...), d f / d xs[1],
+/// d f / d xs[2]} (JAX's value_and_grad with argnums). `f` maps tensors to one element (the
+/// loss); gradients are the sum over every use of an input, zeros for an input f does not use.
+template <class F, std::size_t N>
+auto value_and_grad(F f, const int (&wrt)[N]) {
+  std::array<int, N> w{};
+  for (std::size_t i = 0; i < N; ++i) w[i] = wrt[i];
+  return value_and_grad_fn<F, N, true>(std::move(f), w);
+}
+/// cg::value_and_grad(f, i): std::tuple{value, gradient of input i} (input 0 by default).
+template <class F>
+auto value_and_grad(F f, int wrt = 0) {
+  return value_and_grad_fn<F, 1, true>(std::move(f), {wrt});
+}
+/// cg::grad(f, {1, 2}): a callable returning std::tuple of the gradients of inputs 1 and 2.
+template <class F, std::size_t N>
+auto grad(F f, const int (&wrt)[N]) {
+  std::array<int, N> w{};
+  for (std::size_t i = 0; i < N; ++i) w[i] = wrt[i];
+  return value_and_grad_fn<F, N, false>(std::move(f), w);
+}
+/// cg::grad(f, i): a callable returning the gradient of input i (input 0 by default).
+template <class F>
+auto grad(F f, int wrt = 0) {
+  return value_and_grad_fn<F, 1, false>(std::move(f), {wrt});
+}
+
+}  // namespace ccgraph

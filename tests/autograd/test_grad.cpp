@@ -1,0 +1,445 @@
+// tests/autograd/test_grad.cpp: cg::grad and cg::value_and_grad (ccgraph/autograd/grad.hpp).
+// Every op with a gradient rule is checked against central finite differences in double
+// precision (eager: trace, differentiate, run); the values, accumulation over reuse, zeros for
+// unused inputs, the errors of non-differentiable paths, the joint graph traced, scheduled and
+// compiled, and the collectives at world sizes 1-4 (the gradient of the sum of every rank's
+// loss, against finite differences over every rank's input).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ccgraph/ccgraph.hpp>
+
+#include "support.hpp"
+
+namespace cg = ccgraph;
+using ccgraph_test::contains;
+using ccgraph_test::error_of;
+
+namespace autograd_test {
+
+using T = cg::tensor<double>;
+
+/// A tensor of `shape` with values spread over [lo, hi) (deterministic, no two equal).
+inline T values(cg::shape_t shape, double lo = -1.0, double hi = 1.0, int seed = 1) {
+  const std::int64_t n = cg::numel_of(shape);
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double u = std::fmod(0.6180339887 * double(i * 7 + seed * 13 + 3), 1.0);
+    v[static_cast<std::size_t>(i)] = lo + (hi - lo) * u;
+  }
+  return T::from(v, shape);
+}
+
+/// x with element i moved by d (a copy).
+inline T moved(const T& x, std::int64_t i, double d) {
+  auto v = x.to_vector();
+  v[static_cast<std::size_t>(i)] += d;
+  return T::from(v, x.shape());
+}
+
+/// The one value of a one-element tensor.
+template <class X>
+double scalar_of(const X& x) {
+  const auto v = x.to_vector();
+  REQUIRE(v.size() == 1);
+  return static_cast<double>(v[0]);
+}
+
+/// Checks value_and_grad(f, {W...}) against f itself and central finite differences of f for
+/// each differentiated input (which must be double tensors), element by element.
+template <int... W, class F, class... Xs>
+void gradcheck(F f, const Xs&... xs) {
+  auto vg = cg::value_and_grad(f, {W...});
+  const auto got = vg(xs...);
+  CHECK(scalar_of(std::get<0>(got)) == doctest::Approx(scalar_of(f(xs...))).epsilon(1e-12));
+  const std::tuple<Xs...> args{xs...};
+  const double h = 1e-6;
+  // The gradients, in wrt order, against finite differences.
+  auto check_one = [&](auto wi, const auto& grad) {
+    constexpr int I = decltype(wi)::value;
+    const T x = std::get<I>(args);
+    REQUIRE(grad.shape() == x.shape());
+    const auto gv = grad.to_vector();
+    double worst = 0;
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      auto plus = args, minus = args;
+      std::get<I>(plus) = moved(x, i, h);
+      std::get<I>(minus) = moved(x, i, -h);
+      const double fp = scalar_of(std::apply(f, plus));
+      const double fm = scalar_of(std::apply(f, minus));
+      const double num = (fp - fm) / (2 * h);
+      const double err = std::abs(num - gv[static_cast<std::size_t>(i)]) / (1e-4 + std::abs(num));
+      if (err > worst) worst = err;
+      INFO("input ", I, " element ", i, ": analytic ", gv[static_cast<std::size_t>(i)], ", numeric ", num);
+      CHECK(err < 1e-5);
+    }
+  };
+  [&]<std::size_t... J>(std::index_sequence<J...>) {
+    constexpr int ws[] = {W...};
+    (check_one(std::integral_constant<int, ws[J]>{}, std::get<1 + J>(got)), ...);
+  }(std::make_index_sequence<sizeof...(W)>{});
+}
+
+/// Runs `fn(ctx)` on `n` ranks.
+template <class F>
+void ranks(int n, F&& fn) {
+  ccgraph_test::run(n, std::forward<F>(fn));
+}
+
+/// For a rank function `loss(rank, x)` with collectives: value_and_grad of each rank's loss, run
+/// on `n` ranks, against central finite differences of the sum of every rank's loss over every
+/// rank's input (each rank's input `x0(rank)`).
+template <class Loss, class X0>
+void dist_gradcheck(int n, Loss loss, X0 x0) {
+  std::vector<T> xs;
+  for (int r = 0; r < n; ++r) xs.push_back(x0(r));
+  auto total = [&](const std::vector<T>& in) {
+    std::vector<double> l(static_cast<std::size_t>(n));
+    ranks(n, [&](cg::rank_context& ctx) {
+      const int r = ctx.rank();
+      l[static_cast<std::size_t>(r)] = scalar_of(loss(r, in[static_cast<std::size_t>(r)]));
+    });
+    double s = 0;
+    for (double v : l) s += v;
+    return s;
+  };
+  std::vector<std::vector<double>> grads(static_cast<std::size_t>(n));
+  std::vector<double> vals(static_cast<std::size_t>(n));
+  ranks(n, [&](cg::rank_context& ctx) {
+    const int r = ctx.rank();
+    auto vg = cg::value_and_grad([r, &loss](const auto& x) { return loss(r, x); });
+    auto [v, g] = vg(xs[static_cast<std::size_t>(r)]);
+    vals[static_cast<std::size_t>(r)] = scalar_of(v);
+    grads[static_cast<std::size_t>(r)] = g.to_vector();
+  });
+  double sum = 0;
+  for (double v : vals) sum += v;
+  CHECK(sum == doctest::Approx(total(xs)).epsilon(1e-12));
+  const double h = 1e-6;
+  for (int s = 0; s < n; ++s) {
+    const T& x = xs[static_cast<std::size_t>(s)];
+    REQUIRE(grads[static_cast<std::size_t>(s)].size() == static_cast<std::size_t>(x.numel()));
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      auto plus = xs, minus = xs;
+      plus[static_cast<std::size_t>(s)] = moved(x, i, h);
+      minus[static_cast<std::size_t>(s)] = moved(x, i, -h);
+      const double num = (total(plus) - total(minus)) / (2 * h);
+      const double got = grads[static_cast<std::size_t>(s)][static_cast<std::size_t>(i)];
+      INFO("world ", n, " rank ", s, " element ", i, ": analytic ", got, ", numeric ", num);
+      CHECK(std::abs(num - got) / (1e-4 + std::abs(num)) < 1e-5);
+    }
+  }
+}
+
+}  // namespace autograd_test
+
+using autograd_test::gradcheck;
+using autograd_test::values;
+
+// ---- pointwise ops (fused expressions) -----------------------------------------------------
+
+TEST_CASE("grad.pointwise.arithmetic") {
+  const auto x = values({3, 4}, 0.5, 2.0, 1), y = values({3, 4}, 0.5, 2.0, 2);
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(a * b + a / b - b * 3.0 + (-a) - 2.0 / a); }, x, y);
+}
+
+TEST_CASE("grad.pointwise.unary") {
+  const auto x = values({2, 5}, 0.2, 1.5, 3);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::exp(a) + cg::log(a) + cg::tanh(a) + cg::sigmoid(a)); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::sin(a) * cg::cos(a) + cg::sqrt(a) + cg::rsqrt(a)); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::erf(a) + cg::abs(a - 0.8)); }, x);
+  const auto z = values({2, 5}, -1.5, 1.5, 4);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::relu(a) * 2.0 + cg::gelu(a) + cg::silu(a)); }, z);
+}
+
+TEST_CASE("grad.pointwise.pow_where_clamp_extremes") {
+  const auto x = values({3, 3}, 0.5, 2.0, 5), y = values({3, 3}, -1.0, 2.0, 6);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::pow(a, 3.0) + cg::pow(a, -0.5)); }, x);
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::pow(a, b)); }, x, y);
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::where(b > 0.5, a * a, b * 3.0)); }, x, y);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::clamp(a, 0.8, 1.6) * a); }, x);
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::clamp(a, b, 1.6)); }, x, y);
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::maximum(a, b) + cg::minimum(a, b) * 2.0); }, x, y);
+}
+
+TEST_CASE("grad.pointwise.broadcast") {
+  // b [4] and c [3, 1] broadcast against a [3, 4]: their gradients are summed back.
+  const auto a = values({3, 4}, -1, 1, 7), b = values({4}, -1, 1, 8), c = values({3, 1}, -1, 1, 9);
+  gradcheck<0, 1, 2>([](const auto& x, const auto& y, const auto& z) { return cg::sum(cg::tanh(x * y + z) * z); }, a, b, c);
+}
+
+// ---- matmul, bmm, linear --------------------------------------------------------------------
+
+TEST_CASE("grad.matmul") {
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::tanh(cg::matmul(a, b))); }, values({3, 4}),
+                  values({4, 2}, -1, 1, 2));
+  // batched with a broadcast 2-d operand, and 1-d operands
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::sin(cg::matmul(a, b))); }, values({2, 3, 4}),
+                  values({4, 2}, -1, 1, 3));
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::sin(cg::matmul(a, b))); }, values({4}),
+                  values({4, 3}, -1, 1, 4));
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::sin(cg::matmul(a, b))); }, values({2, 4}),
+                  values({4}, -1, 1, 5));
+}
+
+TEST_CASE("grad.bmm_linear") {
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::sin(cg::bmm(a, b))); }, values({2, 3, 4}),
+                  values({2, 4, 2}, -1, 1, 2));
+  gradcheck<0, 1, 2>([](const auto& x, const auto& w, const auto& b) { return cg::sum(cg::tanh(cg::linear(x, w, b))); },
+                     values({2, 3, 4}), values({5, 4}, -1, 1, 3), values({5}, -1, 1, 4));
+}
+
+// ---- views and shape ops ----------------------------------------------------------------------
+
+TEST_CASE("grad.views") {
+  const auto x = values({2, 3, 4});
+  auto w = [](const auto& v) { return cg::sin(v) * v; };  // something not linear
+  gradcheck<0>([&](const auto& a) { return cg::sum(w(a.reshape({6, 4}).transpose(0, 1))); }, x);
+  gradcheck<0>([&](const auto& a) { return cg::sum(w(a.narrow(2, 1, 2))) + cg::sum(w(a.select(1, 2))); }, x);
+  gradcheck<0>([&](const auto& a) { return cg::sum(w(a.permute({2, 0, 1}).contiguous()) * 2.0); }, x);
+  gradcheck<0>([&](const auto& a) { return cg::sum(w(a.unsqueeze(1).narrow(3, 0, 3))); }, x);
+  gradcheck<0>([&](const auto& a) { return cg::sum(w(cg::squeeze(a.narrow(0, 1, 1), 0))); }, x);
+}
+
+TEST_CASE("grad.cat_stack_repeat") {
+  const auto a = values({2, 3}), b = values({2, 2}, -1, 1, 2), c = values({2, 3}, -1, 1, 3);
+  gradcheck<0, 1>([](const auto& x, const auto& y) { return cg::sum(cg::sin(cg::cat({x, y, x}, 1))); }, a, b);
+  gradcheck<0, 1>([](const auto& x, const auto& y) { return cg::sum(cg::sin(cg::stack({x, y, x}, 1))); }, a, c);
+  gradcheck<0>([](const auto& x) { return cg::sum(cg::sin(x.repeat({2, 1, 2}))); }, a);
+}
+
+// ---- reductions, softmax, norms, losses, embedding -----------------------------------------
+
+TEST_CASE("grad.reductions") {
+  const auto x = values({3, 4}, -1, 1, 11);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::sin(cg::sum(a, std::vector<std::int64_t>{1}))); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::sin(cg::sum(a, std::vector<std::int64_t>{0}, true))); }, x);
+  gradcheck<0>([](const auto& a) { return cg::mean(cg::sin(cg::mean(a, std::vector<std::int64_t>{1}, true) * a)); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::sin(cg::amax(a, std::vector<std::int64_t>{1}))); }, x);
+  gradcheck<0>([](const auto& a) { return cg::max(a * a) + cg::min(a); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::var(a, std::vector<std::int64_t>{1}) * 3.0); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::sin(std::get<0>(cg::max(a, 1)))); }, x);
+}
+
+TEST_CASE("grad.softmax_norms") {
+  const auto x = values({3, 5}, -2, 2, 12), w = values({5}, 0.5, 1.5, 13), b = values({5}, -1, 1, 14);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::softmax(a, 1) * cg::sin(a)); }, x);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::log_softmax(a, 0) * cg::cos(a)); }, x);
+  gradcheck<0, 1, 2>([](const auto& a, const auto& ww, const auto& bb) {
+    return cg::sum(cg::sin(cg::layer_norm(a, ww, bb, 1e-5)));
+  }, x, w, b);
+  gradcheck<0>([](const auto& a) { return cg::sum(cg::sin(cg::layer_norm(a, std::vector<std::int64_t>{5}))); }, x);
+  gradcheck<0, 1>([](const auto& a, const auto& ww) { return cg::sum(cg::sin(cg::rms_norm(a, ww))); }, x, w);
+}
+
+TEST_CASE("grad.cross_entropy_embedding_gather") {
+  const auto logits = values({4, 5}, -2, 2, 15);
+  const auto target = cg::tensor<std::int64_t>::from({1, 0, 4, 2}, {4});
+  gradcheck<0>([](const auto& x, const auto& t) { return cg::cross_entropy(x, t); }, logits, target);
+  gradcheck<0>([](const auto& x, const auto& t) {
+    return cg::sum(cg::cross_entropy(x, t, std::nullopt, -100, cg::loss_reduction::none, 0.1) * 2.0);
+  }, logits, target);
+  const auto table = values({6, 3}, -1, 1, 16);
+  const auto idx = cg::tensor<std::int64_t>::from({1, 3, 1, 5, 0}, {5});
+  gradcheck<1>([](const auto& i, const auto& tb) { return cg::sum(cg::sin(cg::embedding(i, tb))); }, idx, table);
+  // an index converted to a float inside a fused expression
+  gradcheck<1>([](const auto& i, const auto& x) { return cg::sum(cg::sin(x * i.template to<double>())); }, idx,
+               values({5}, -1, 1, 18));
+  const auto gi = cg::tensor<std::int64_t>::from({0, 2, 1, 2, 0, 1}, {3, 2});
+  gradcheck<0>([](const auto& x, const auto& i) { return cg::sum(cg::sin(cg::gather(x, 1, i))); },
+               values({3, 3}, -1, 1, 17), gi);
+}
+
+// ---- value_and_grad's contract ----------------------------------------------------------------
+
+TEST_CASE("grad.value_and_grad.values_reuse_unused") {
+  const auto x = autograd_test::T::from({1, -2, 3}, {3});
+  const auto y = autograd_test::T::from({0.5, 4, -1}, {3});
+  // x used three times: the gradients add up (2x + 1 + y).
+  auto f = [](const auto& a, const auto& b) { return cg::sum(a * a + a + a * b); };
+  auto [v, gx, gy] = cg::value_and_grad(f, {0, 1})(x, y);
+  CHECK(v.to_vector() == std::vector<double>{1 - 2 + 3 + 1 + 4 + 9 + 0.5 - 8 - 3});
+  CHECK(gx.to_vector() == std::vector<double>{3.5, 1, 6});
+  CHECK(gy.to_vector() == std::vector<double>{1, -2, 3});
+  // grad(f, i): the one gradient; an input f does not use gets zeros of its shape.
+  CHECK(cg::grad(f, 1)(x, y).to_vector() == std::vector<double>{1, -2, 3});
+  auto [ga, gb] = cg::grad([](const auto& a, const auto&) { return cg::sum(a * 2.0); }, {0, 1})(x, y);
+  CHECK(ga.to_vector() == std::vector<double>{2, 2, 2});
+  CHECK(gb.to_vector() == std::vector<double>{0, 0, 0});
+  // f32 too
+  const auto xf = cg::tensor<float>::from({1, 2}, {2});
+  CHECK(cg::grad([](const auto& a) { return cg::sum(a * a); })(xf).to_vector() == std::vector<float>{2, 4});
+}
+
+TEST_CASE("grad.errors") {
+  const auto x = values({2, 3});
+  // not a scalar
+  CHECK(contains(error_of([&] { cg::grad([](const auto& a) { return a * 2.0; })(x); }), "one element"));
+  // a wrt index out of range
+  CHECK(contains(error_of([&] { cg::grad([](const auto& a) { return cg::sum(a); }, 3)(x); }), "wrt index 3"));
+  // a rule still to come names the op (index_select)
+  const auto idx = cg::tensor<std::int64_t>::from({1, 0}, {2});
+  const std::string todo = error_of([&] {
+    cg::grad([](const auto& a, const auto& i) { return cg::sum(cg::index_select(a, 0, i)); })(x, idx);
+  });
+  CHECK(contains(todo, "index_select"));
+  CHECK(contains(todo, "no gradient rule"));
+  // dropout inside a fused expression: its mask is not kept
+  const std::string drop = error_of([&] {
+    cg::grad([](const auto& a) { return cg::sum(cg::dropout(a * 2.0, 0.5)); })(x);
+  });
+  CHECK(contains(drop, "dropout"));
+  // an integer value stops gradients (argmax): the loss through it has a zero gradient, no error
+  CHECK(cg::grad([](const auto& a) { return cg::sum(a * 0.0) + cg::sum(cg::argmax(a).template to<double>()); })(x)
+            .to_vector() == std::vector<double>(6, 0.0));
+}
+
+TEST_CASE("grad.errors.not_differentiable_collective") {
+  autograd_test::ranks(2, [](cg::rank_context& ctx) {
+    const auto x = values({3}, -1, 1, ctx.rank() + 1);
+    const std::string e = error_of([&] {
+      cg::grad([&](const auto& a) { return cg::sum(cg::all_reduce(a, "max", ctx.world()) * a); })(x);
+    });
+    CHECK(contains(e, "all_reduce"));
+    CHECK(contains(e, "max"));
+    CHECK(contains(e, "not differentiable"));
+  });
+}
+
+// ---- the joint graph --------------------------------------------------------------------------
+
+TEST_CASE("grad.trace.joint_graph_schedule_compile") {
+  autograd_test::ranks(2, [](cg::rank_context& ctx) {
+    // A data-parallel MLP step: local loss, gradients all_reduced (avg) inside the traced step.
+    auto loss = [](const auto& x, const auto& w1, const auto& w2) {
+      return cg::mean(cg::tanh(cg::matmul(cg::relu(cg::matmul(x, w1)), w2)));
+    };
+    auto step = [&](const auto& x, const auto& w1, const auto& w2) {
+      auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
+      return std::tuple{l, cg::all_reduce(g1, "avg", ctx.world()), cg::all_reduce(g2, "avg", ctx.world())};
+    };
+    auto g = cg::trace(step, cg::input<double>({4, 3}), cg::input<double>({3, 5}), cg::input<double>({5, 2}));
+    g.lint();
+    CHECK(g.count("all_reduce") == 2);
+    CHECK(g.count("matmul") == 5);  // 2 forward; 3 backward (x is not differentiated)
+    const auto x = values({4, 3}, -1, 1, 20 + ctx.rank()), w1 = values({3, 5}, -1, 1, 30), w2 = values({5, 2}, -1, 1, 31);
+    const auto want = cg::compile(g, ctx)(x, w1, w2);
+    const auto s = cg::schedule(g, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"});
+    s.lint();
+    const auto got = cg::compile(s, ctx)(x, w1, w2);
+    CHECK(std::get<0>(got).to_vector() == std::get<0>(want).to_vector());
+    CHECK(std::get<1>(got).to_vector() == std::get<1>(want).to_vector());
+    CHECK(std::get<2>(got).to_vector() == std::get<2>(want).to_vector());
+    // equal to eager value_and_grad, then the all_reduce
+    auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
+    CHECK(std::get<0>(want).to_vector() == l.to_vector());
+    const auto r1 = cg::all_reduce(g1, "avg", ctx.world());
+    const auto v1 = r1.to_vector(), w = std::get<1>(want).to_vector();
+    REQUIRE(v1.size() == w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) CHECK(v1[i] == doctest::Approx(w[i]).epsilon(1e-12));
+    // compile_function takes it too
+    auto cf = cg::compile_function<double, double, double>(step, ctx);
+    CHECK(std::get<2>(cf(x, w1, w2)).to_vector() == std::get<2>(want).to_vector());
+  });
+}
+
+// ---- collectives: the gradient of the sum of every rank's loss, world sizes 1-4 ---------------
+
+TEST_CASE("grad.collectives.all_reduce") {
+  for (int n = 1; n <= 4; ++n) {
+    autograd_test::dist_gradcheck(n, [n](int r, const auto& x) {
+      const auto y = cg::all_reduce(x * double(r + 1), "sum", cg::group{ccgraph_test::iota_ranks(n)});
+      const auto z = cg::all_reduce(cg::sin(y), "avg", cg::group{ccgraph_test::iota_ranks(n)});
+      return cg::sum(z * x * double(r + 2));
+    }, [](int r) { return values({3}, -1, 1, 40 + r); });
+  }
+}
+
+TEST_CASE("grad.collectives.all_gather_reduce_scatter") {
+  for (int n = 1; n <= 4; ++n) {
+    const cg::group g{ccgraph_test::iota_ranks(n)};
+    for (int dim = 0; dim <= 1; ++dim) {
+      autograd_test::dist_gradcheck(n, [g, dim](int r, const auto& x) {
+        const auto y = cg::all_gather_tensor(x, dim, g);
+        return cg::sum(cg::sin(y) * double(r + 1));
+      }, [](int r) { return values({2, 3}, -1, 1, 50 + r); });
+      autograd_test::dist_gradcheck(n, [g, dim](int r, const auto& x) {
+        const auto y = cg::reduce_scatter_tensor(cg::sin(x), "sum", dim, g);
+        const auto z = cg::reduce_scatter_tensor(x * 1.0, "avg", dim, g);
+        return cg::sum(y * y * double(r + 1) + z);
+      }, [n](int r) { return values({2 * n, n}, -1, 1, 60 + r); });
+    }
+  }
+}
+
+TEST_CASE("grad.collectives.all_to_all_broadcast_permute") {
+  for (int n = 1; n <= 4; ++n) {
+    const cg::group g{ccgraph_test::iota_ranks(n)};
+    autograd_test::dist_gradcheck(n, [g, n](int r, const auto& x) {
+      using V = std::decay_t<decltype(x)>;
+      // even splits
+      const auto y = cg::all_to_all_single(x, std::nullopt, std::nullopt, g);
+      // uneven splits: rank r sends 1 + ((r + j) % 2) rows to rank j
+      std::vector<std::int64_t> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        in[static_cast<std::size_t>(j)] = 1 + (r + j) % 2;
+        out[static_cast<std::size_t>(j)] = 1 + (j + r) % 2;
+      }
+      std::int64_t rows = 0;
+      for (auto v : in) rows += v;
+      const auto u = cg::all_to_all_single(V(cg::sin(x)).narrow(0, 0, rows), out, in, g);
+      return cg::sum(cg::sin(y) * double(r + 1)) + cg::sum(u * u);
+    }, [n](int r) { return values({2 * n, 2}, -1, 1, 70 + r); });
+    for (int src = 0; src < n; ++src)
+      autograd_test::dist_gradcheck(n, [g, src](int r, const auto& x) {
+        return cg::sum(cg::sin(cg::broadcast(x * 2.0, src, g)) * double(r + 1));
+      }, [](int r) { return values({3}, -1, 1, 80 + r); });
+    std::vector<int> perm(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = (i + 1) % n;
+    autograd_test::dist_gradcheck(n, [g, perm](int r, const auto& x) {
+      return cg::sum(cg::sin(cg::permute_tensor(x, perm, g)) * double(r + 1) * x);
+    }, [](int r) { return values({2, 2}, -1, 1, 90 + r); });
+  }
+}
+
+TEST_CASE("grad.collectives.coalesced") {
+  for (int n = 1; n <= 3; ++n) {
+    const cg::group g{ccgraph_test::iota_ranks(n)};
+    autograd_test::dist_gradcheck(n, [g, n](int r, const auto& x) {
+      using V = std::decay_t<decltype(x)>;
+      const auto ys = cg::all_reduce_coalesced(std::vector<V>{x * 1.0, cg::sin(x)}, "sum", g);
+      const auto zs = cg::all_gather_into_tensor_coalesced(std::vector<V>{x * 2.0}, g);
+      const auto ws = cg::reduce_scatter_tensor_coalesced(std::vector<V>{V(x.repeat({n}) * 1.0)}, "sum", {0}, g);
+      return cg::sum(ys[0] * ys[1] * double(r + 1)) + cg::sum(cg::sin(zs[0])) + cg::sum(ws[0] * ws[0]);
+    }, [](int r) { return values({2}, -1, 1, 100 + r); });
+  }
+}
+
+TEST_CASE("grad.errors.user_op") {
+  // A user op has no gradient rule: differentiating through it is an error naming it.
+  cg::user_op_def d;
+  d.name = "autograd_test::twice";
+  d.infer = [](const std::vector<cg::tensor_meta>& in, const std::vector<double>&) {
+    return std::vector<cg::tensor_meta>{in.at(0)};
+  };
+  d.cpu = [](const cg::user_op_call& c) {
+    const auto v = std::get<cg::tensor<double>>(c.inputs[0]).to_vector();
+    double* o = std::get<cg::tensor<double>>(c.outputs[0]).data();
+    for (std::size_t i = 0; i < v.size(); ++i) o[i] = 2 * v[i];
+  };
+  d.cost = [](const cg::cost_args&, const std::vector<double>&) { return cg::op_cost::none(); };
+  static const cg::user_op twice = cg::register_op(d);
+  const auto x = values({3});
+  const std::string e = error_of([&] { cg::grad([](const auto& a) { return cg::sum(twice(a)); })(x); });
+  CHECK(contains(e, "autograd_test::twice"));
+  CHECK(contains(e, "no gradient rule"));
+}
