@@ -18,6 +18,9 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_transformer_block {
+
 namespace cg = ccgraph;
 namespace ex = ccgraph::examples;
 using namespace ccgraph_test;
@@ -90,3 +93,4 @@ using namespace transformer_block_gpu_test;
 GPU_TEST_CASE("transformer_block.cuda.one_gpu.eager_and_cuda_graph") { check_on_gpus(1); }
 
 GPUS_TEST_CASE("transformer_block.cuda.tp2.eager_and_cuda_graph", 2) { check_on_gpus(2); }
+}  // namespace gpu_test_transformer_block
