@@ -9,6 +9,9 @@
 // kernels and reach them through the slots the one installing unit fills.
 #pragma once
 
+// Only for nvcc, after every op's .cuh (as <ccgraph/cuda.hpp> includes it): a host compiler
+// sees no cuda_impl, so it gets nothing here.
+#if defined(__CUDACC__)
 #include <variant>
 
 #include <ccgraph/ir/node_op.hpp>
@@ -59,3 +62,4 @@ inline const bool device_runs_installed = install_device_runs(static_cast<const 
 #endif
 
 }  // namespace ccgraph::cuda::detail
+#endif  // __CUDACC__
