@@ -9,9 +9,6 @@
 // kernels and reach them through the slots the one installing unit fills.
 #pragma once
 
-// Only for nvcc, after every op's .cuh (as <ccgraph/cuda.hpp> includes it): a host compiler
-// sees no cuda_impl, so it gets nothing here.
-#if defined(__CUDACC__)
 #include <variant>
 
 #include <ccgraph/ir/node_op.hpp>
@@ -34,12 +31,10 @@ constexpr bool check_device_runs(const std::variant<Os...>*) {
   return (check_device_run<Os>() && ...);
 }
 
-static_assert(check_device_runs(static_cast<const node_op*>(nullptr)));
-
-#ifndef CCGRAPH_CUDA_NO_OP_KERNELS
-/// Installs op O's CUDA run when its device path is cuda_impl.
+/// Installs op O's CUDA run when its device path is cuda_impl (checked first).
 template <class O>
 bool install_device_run() {
+  check_device_run<O>();
   if constexpr (::ccgraph::detail::op_has_device_path<O>) {
     if constexpr (op_traits<O>::device == device_path::cuda_impl) {
       if constexpr (::ccgraph::detail::op_has_cuda_impl<O>)
@@ -55,11 +50,16 @@ bool install_device_runs(const std::variant<Os...>*) {
   return (install_device_run<Os>() && ...);
 }
 
+// Only under nvcc, after every op's .cuh (as <ccgraph/cuda.hpp> includes it): a host compiler
+// sees no cuda_impl, so the closed set is checked and installed only there.
+#if defined(__CUDACC__)
+static_assert(check_device_runs(static_cast<const node_op*>(nullptr)));
+#ifndef CCGRAPH_CUDA_NO_OP_KERNELS
 /// Done at static initialisation of every translation unit that includes <ccgraph/cuda.hpp>
 /// under nvcc without CCGRAPH_CUDA_NO_OP_KERNELS (each writes the same pointers), so a device
 /// tensor reaching an op's run finds it.
 inline const bool device_runs_installed = install_device_runs(static_cast<const node_op*>(nullptr));
 #endif
+#endif
 
 }  // namespace ccgraph::cuda::detail
-#endif  // __CUDACC__
