@@ -42,9 +42,9 @@ measure() {
     failed=1
   fi
 }
-measure "umbrella, -fsyntax-only" 14 "$CXX" "${flags[@]}" -fsyntax-only "$tmp/umbrella.cpp"
-measure "umbrella, -c -O0" 15 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella.cpp" -o "$tmp/u.o"
-measure "umbrella + schedule + compile_function, -c" 16 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella_schedule.cpp" -o "$tmp/us.o"
-measure "README program, -O0, linked" 32 "$CXX" "${flags[@]}" -O0 "$tmp/readme.cpp" -o "$tmp/readme0"
-measure "README program, -O2, linked" 55 "$CXX" "${flags[@]}" -O2 "$tmp/readme.cpp" -o "$tmp/readme2"
+measure "umbrella, -fsyntax-only" 15 "$CXX" "${flags[@]}" -fsyntax-only "$tmp/umbrella.cpp"
+measure "umbrella, -c -O0" 16 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella.cpp" -o "$tmp/u.o"
+measure "umbrella + schedule + compile_function, -c" 17 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella_schedule.cpp" -o "$tmp/us.o"
+measure "README program, -O0, linked" 34 "$CXX" "${flags[@]}" -O0 "$tmp/readme.cpp" -o "$tmp/readme0"
+measure "README program, -O2, linked" 58 "$CXX" "${flags[@]}" -O2 "$tmp/readme.cpp" -o "$tmp/readme2"
 exit "$failed"
