@@ -34,7 +34,7 @@ class CcgraphConan(ConanFile):
     settings = "os", "arch", "compiler", "build_type"
     # Headers and the CMake glue are what the package holds; the rest is for the optional test
     # build (tools.build:skip_test=False).
-    exports_sources = ("include/*", "LICENSE", "CMakeLists.txt", "cmake/*", "tests/*",
+    exports_sources = ("include/*", "LICENSE", "CMakeLists.txt", "cmake/*", "src/*", "tests/*",
                        "packaging/conan/ccgraph_cuda.cmake")
     no_copy_source = True
     default_options = {"boost/*:header_only": True}

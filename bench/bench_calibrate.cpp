@@ -13,6 +13,8 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -64,6 +66,7 @@ double measure(const launch_fn& launch, int world, std::int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bench::args args(argc, argv, "[OUTPUT.json]", {}, {}, 1);
   const std::vector<collective> colls = {
       {cg::ops::all_reduce{cg::reduce_op::sum},
        [](const cg::tensor<float>& x, cg::rank_context& c) { return cg::all_reduce(x, "sum", c.world()); }},
@@ -109,14 +112,15 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%zu points in %.1f s; ratio = predicted / measured, GB/s = input bytes / measured\n",
                table.size(), std::chrono::duration<double>(clock_type::now() - start).count());
 
-  if (argc > 1) {
-    std::ofstream out(argv[1]);
+  if (!args.positional().empty()) {
+    const char* path = args.positional()[0].c_str();
+    std::ofstream out(path);
     if (!out) {
-      std::fprintf(stderr, "bench_calibrate: cannot write %s\n", argv[1]);
+      std::fprintf(stderr, "bench_calibrate: cannot write %s\n", path);
       return 1;
     }
     table.save(out);
-    std::fprintf(stderr, "wrote %s\n", argv[1]);
+    std::fprintf(stderr, "wrote %s\n", path);
   } else {
     table.save(std::cout);
   }

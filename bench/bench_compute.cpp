@@ -8,6 +8,8 @@
 #include <ccgraph/ops/pointwise.hpp>
 #include <ccgraph/tensor/random.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -49,7 +51,8 @@ void bench_matmul(const char* dtype, std::int64_t n, int runs) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bench::args args(argc, argv, "(no arguments)");
   std::printf("| %-34s | %-16s | %10s | %-16s |\n", "workload", "size", "median ms", "rate");
   std::printf("|%s|%s|%s|%s|\n", std::string(36, '-').c_str(), std::string(18, '-').c_str(),
               std::string(12, '-').c_str(), std::string(18, '-').c_str());

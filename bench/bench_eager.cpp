@@ -14,6 +14,8 @@
 // process's peak resident memory so far. `bench_eager scale` prints only this table.
 #include <ccgraph/ccgraph.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -106,7 +108,9 @@ void scale_table() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "scale") == 0) {
+  const bench::args args(argc, argv, "[scale]", {}, {}, 1);
+  if (!args.positional().empty() && args.positional()[0] != "scale") args.fail("unknown mode '" + args.positional()[0] + "'");
+  if (!args.positional().empty()) {
     scale_table();
     return 0;
   }

@@ -12,6 +12,8 @@
 // Usage: bench_gpu_index [--quick] [--only SUBSTR]
 #include <ccgraph/cuda.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -217,11 +219,9 @@ void bench_gather_scatter(i64 R, i64 C, i64 Ci) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    if (a == "--only" && i + 1 < argc) only = argv[++i];
-  }
+  const bench::args args(argc, argv, "[--quick] [--only SUBSTR]", {"--quick"}, {"--only"});
+  quick = args.has("--quick");
+  only = args.value("--only").value_or("");
   if (cg::cuda::device_count() == 0) {
     std::printf("# error: no CUDA device\n");
     return 1;

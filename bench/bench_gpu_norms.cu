@@ -12,6 +12,8 @@
 // Usage: bench_gpu_norms [--quick] [--only SUBSTR]
 #include <ccgraph/cuda.hpp>
 
+#include "bench_args.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -229,14 +231,9 @@ void bench_cross_entropy(const options& o, i64 tokens, i64 vocab) {
 
 int main(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
-    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) o.only = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only SUBSTR]\n", argv[0]);
-      return 2;
-    }
-  }
+  const bench::args args(argc, argv, "[--quick] [--only SUBSTR]", {"--quick"}, {"--only"});
+  o.quick = args.has("--quick");
+  o.only = args.value("--only").value_or("");
   try {
     cudaDeviceProp prop{};
     CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));

@@ -9,9 +9,14 @@
 //      SMs: NCCL 2.28's zero-CTA all_gather / all_to_all between symmetric windows, an
 //      all_reduce made of them, and plain peer copies (what the copy-engine all_reduce uses).
 // Prints one table per part.
-// This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all.
+// This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all
+// (the in-tree build passes the macro already: bench/CMakeLists.txt).
+#ifndef CCGRAPH_CUDA_NO_OP_KERNELS
 #define CCGRAPH_CUDA_NO_OP_KERNELS
+#endif
 #include <ccgraph/cuda.hpp>
+
+#include "bench_args.hpp"
 
 #include <cuda_bf16.h>
 
@@ -606,7 +611,10 @@ void rank_main(int r, int world, const std::array<ncclUniqueId, 5>& ids, const s
 
 int main(int argc, char** argv) {
   // `bench_gpu_probe zero_sm`: only the zero-SM collectives beside a GEMM.
-  const bool zero_sm_only = argc > 1 && std::string(argv[1]) == "zero_sm";
+  const bench::args args(argc, argv, "[zero_sm]", {}, {}, 1);
+  if (!args.positional().empty() && args.positional()[0] != "zero_sm")
+    args.fail("unknown mode '" + args.positional()[0] + "'");
+  const bool zero_sm_only = !args.positional().empty();
   const int n = cc::device_count();
   if (n < 1) {
     std::printf("bench_gpu_probe: no CUDA device; nothing to measure\n");

@@ -12,10 +12,15 @@
 // back to back, as the benchmarks do, and divides by their number.
 //
 //   bench_gpu_timeline [N ...]    (seed program sizes; default 8192)
-// This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all.
+// This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all
+// (the in-tree build passes the macro already: bench/CMakeLists.txt).
+#ifndef CCGRAPH_CUDA_NO_OP_KERNELS
 #define CCGRAPH_CUDA_NO_OP_KERNELS
+#endif
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
+
+#include "bench_args.hpp"
 
 #include "../examples/programs.hpp"
 
@@ -307,13 +312,14 @@ void programs(int n, const std::vector<std::int64_t>& sizes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bench::args args(argc, argv, "[N ...]  (seed program sizes; default 8192)", {}, {}, 16);
   const int n = cg::cuda::device_count();
   if (n < 1) {
     std::printf("bench_gpu_timeline: no CUDA device; nothing to record\n");
     return 0;
   }
   std::vector<std::int64_t> sizes;
-  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoll(argv[i]));
+  for (std::size_t i = 0; i < args.positional().size(); ++i) sizes.push_back(args.integer(i, 0));
   if (sizes.empty()) sizes = {8192};
   cudaDeviceProp prop{};
   CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));

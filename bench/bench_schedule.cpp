@@ -19,6 +19,8 @@
 #include <ccgraph/schedule/memory_plan.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 
+#include "bench_args.hpp"
+
 #include "../examples/programs.hpp"
 
 #include <algorithm>
@@ -88,8 +90,9 @@ double median_ms(int runs, F&& f) {
 
 int main(int argc, char** argv) {
   const cg::trace_options two{.rank = 0, .world_size = 2};
-  const long max_nodes = argc > 1 ? std::atol(argv[1]) : 100000;
-  const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+  const bench::args args(argc, argv, "[MAX_NODES [RUNS]]", {}, {}, 2);
+  const long max_nodes = static_cast<long>(args.integer(0, 100000));
+  const int runs = static_cast<int>(args.integer(1, 5));
   std::vector<int> layers;
   for (int l : {200, 2000, 20000, 60000})
     if (5L * l <= max_nodes + max_nodes / 100) layers.push_back(l);

@@ -23,6 +23,8 @@
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/runtime/compiled_function.hpp>
 
+#include "bench_args.hpp"
+
 #include "../examples/programs.hpp"
 
 #include <algorithm>
@@ -119,7 +121,8 @@ function_row measure_function(int steps, int calls) {
 
 int main(int argc, char** argv) {
   // The largest program, in nodes (default 100,000): `bench_trace 10000` stops at 10,000.
-  const long max_nodes = argc > 1 ? std::atol(argv[1]) : 100000;
+  const bench::args args(argc, argv, "[MAX_NODES]", {}, {}, 1);
+  const long max_nodes = static_cast<long>(args.integer(0, 100000));
   std::vector<row> rows;
   // 16 steps make 19 nodes: about 1,000, 10,000 and 100,000 nodes.
   for (auto [nodes, repeats] : {std::pair{1000, 9}, std::pair{10000, 7}, std::pair{100000, 3}})

@@ -9,8 +9,10 @@ the format bench_gpu prints, so bench/compare_table.py can merge both (bench/com
 the pair). Lines starting with '#' are comments (versions, device, errors, checks).
 
 Workloads (see design/PERF.md):
-  allreduce_busbw_{16MiB,128MiB,1GiB}  GB/s  bf16, busbw = bytes/time * 2(n-1)/n
-                                              torch_funcol (out of place), torch_c10d (in place)
+  {allreduce,allgather,reducescatter,alltoall}_busbw_{1MiB,16MiB,128MiB,1GiB}
+                                       GB/s  bf16, nccl-tests' busbw: bytes/time * 2(n-1)/n for
+                                              all_reduce, * (n-1)/n for the others
+                                              torch_funcol (out of place), torch_c10d
   allreduce_4KiB_eager                 us    f32, per op, loops of 1000 ops
   seed_overlap_{4096,8192}             ms    the seed overlap program, bf16 N x N per rank
                                               torch_eager, torch_compile[, torch_compile_reorder]
@@ -137,8 +139,9 @@ def uniform(shape, lo, hi, dtype):
     return torch.empty(shape, device="cuda", dtype=torch.float32).uniform_(lo, hi).to(dtype)
 
 
-def busbw_gbs(nbytes, ms):
-    return nbytes / (ms * 1e-3) * 2.0 * (WORLD - 1) / WORLD / 1e9
+def busbw_gbs(nbytes, ms, all_reduce=True):
+    """nccl-tests' bus bandwidth: nbytes / time x 2(n-1)/n (all_reduce) or x (n-1)/n (others)."""
+    return nbytes / (ms * 1e-3) * (2.0 if all_reduce else 1.0) * (WORLD - 1) / WORLD / 1e9
 
 
 def run_case(workload, impl, unit, fn):
@@ -226,37 +229,57 @@ def check(label, out, ref):
 
 
 def bench_busbw():
-    sizes = [("16MiB", 16 * MiB, 50), ("128MiB", 128 * MiB, 30), ("1GiB", 1024 * MiB, 20)]
+    """{allreduce,allgather,reducescatter,alltoall}_busbw_<size>: bf16, nccl-tests' sizes (the
+    all_reduce buffer, all_gather's output, reduce_scatter's input, all_to_all's buffer) and
+    busbw; functional collectives out of place and c10d's (all_reduce in place)."""
+    sizes = [("1MiB", 1 * MiB, 50), ("16MiB", 16 * MiB, 50), ("128MiB", 128 * MiB, 30), ("1GiB", 1024 * MiB, 20)]
     for name, nbytes, iters in sizes:
-        w = f"allreduce_busbw_{name}"
-        if not wanted(w):
-            continue
         if _ARGS.quick:
             iters = 5
         numel = nbytes // 2  # bf16
+        shard = numel // WORLD
 
-        def funcol_case():
-            xs = [uniform((numel,), -1, 1, torch.bfloat16) for _ in range(2)]
+        def full():
+            return [uniform((numel,), -1, 1, torch.bfloat16) for _ in range(2)]
 
-            def step(i):
-                funcol.wait_tensor(funcol.all_reduce(xs[i % 2], "sum", _GROUP))
+        def part():
+            return [uniform((shard,), -1, 1, torch.bfloat16) for _ in range(2)]
 
-            ms = time_each_ms(step, 5, iters)
-            return busbw_gbs(nbytes, ms)
+        def timed(make, step, all_reduce):
+            xs = make()
+            ms = time_each_ms(lambda i: step(xs[i % 2]), 5, iters)
+            return busbw_gbs(shard * WORLD * 2, ms, all_reduce)
 
-        def c10d_case():
-            # In place: each op doubles the values (2 ranks, sum); two buffers, <= 40 ops each,
-            # stay far inside bf16's range.
-            xs = [uniform((numel,), -1, 1, torch.bfloat16) for _ in range(2)]
-
-            def step(i):
-                dist.all_reduce(xs[i % 2], op=dist.ReduceOp.SUM)
-
-            ms = time_each_ms(step, 5, iters)
-            return busbw_gbs(nbytes, ms)
-
-        run_case(w, "torch_funcol", "GB/s", funcol_case)
-        run_case(w, "torch_c10d", "GB/s", c10d_case)
+        out_full = lambda: torch.empty((numel,), device="cuda", dtype=torch.bfloat16)  # noqa: E731
+        out_part = lambda: torch.empty((shard,), device="cuda", dtype=torch.bfloat16)  # noqa: E731
+        cases = {
+            "allreduce": (
+                lambda: timed(full, lambda x: funcol.wait_tensor(funcol.all_reduce(x, "sum", _GROUP)), True),
+                # In place: each op doubles the values (2 ranks, sum); two buffers, <= 40 ops each,
+                # stay far inside bf16's range.
+                lambda: timed(full, lambda x: dist.all_reduce(x, op=dist.ReduceOp.SUM), True),
+            ),
+            "allgather": (
+                lambda: timed(part, lambda x: funcol.wait_tensor(funcol.all_gather_tensor(x, 0, _GROUP)), False),
+                lambda: (lambda o: timed(part, lambda x: dist.all_gather_into_tensor(o, x), False))(out_full()),
+            ),
+            "reducescatter": (
+                lambda: timed(full, lambda x: funcol.wait_tensor(funcol.reduce_scatter_tensor(x, "sum", 0, _GROUP)),
+                              False),
+                lambda: (lambda o: timed(full, lambda x: dist.reduce_scatter_tensor(o, x), False))(out_part()),
+            ),
+            "alltoall": (
+                lambda: timed(full, lambda x: funcol.wait_tensor(funcol.all_to_all_single(x, None, None, _GROUP)),
+                              False),
+                lambda: (lambda o: timed(full, lambda x: dist.all_to_all_single(o, x), False))(out_full()),
+            ),
+        }
+        for coll, (funcol_case, c10d_case) in cases.items():
+            w = f"{coll}_busbw_{name}"
+            if not wanted(w):
+                continue
+            run_case(w, "torch_funcol", "GB/s", funcol_case)
+            run_case(w, "torch_c10d", "GB/s", c10d_case)
 
 
 def bench_small_eager():
