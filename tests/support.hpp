@@ -71,4 +71,9 @@ double to_d(T v) {
   return static_cast<double>(static_cast<ccgraph::compute_t<T>>(v));
 }
 
+/// Every dtype a tensor can hold (the collectives' and p2p tests' loops).
+inline constexpr ccgraph::dtype every_dtype[] = {ccgraph::dtype::f32, ccgraph::dtype::f64, ccgraph::dtype::i32,
+                                                 ccgraph::dtype::i64, ccgraph::dtype::u8,  ccgraph::dtype::boolean,
+                                                 ccgraph::dtype::bf16, ccgraph::dtype::f16};
+
 }  // namespace ccgraph_test

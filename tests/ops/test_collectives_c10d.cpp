@@ -22,9 +22,6 @@ using namespace ccgraph_test;
 
 namespace c10d_test {
 
-constexpr cg::dtype every_dtype[] = {cg::dtype::f32, cg::dtype::f64, cg::dtype::i32, cg::dtype::i64,
-                                     cg::dtype::u8,  cg::dtype::boolean, cg::dtype::bf16, cg::dtype::f16};
-
 /// Rank `r`'s value at element i: (r + 2 i) mod 4 + 1 ([1, 4]: sums and products of up to 4
 /// ranks are exact in every dtype but bool, where it is the parity).
 template <class T>

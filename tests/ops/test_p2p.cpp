@@ -23,9 +23,6 @@ using namespace ccgraph_test;
 
 namespace p2p_test {
 
-constexpr cg::dtype every_dtype[] = {cg::dtype::f32, cg::dtype::f64, cg::dtype::i32, cg::dtype::i64,
-                                     cg::dtype::u8,  cg::dtype::boolean, cg::dtype::bf16, cg::dtype::f16};
-
 /// Rank `r`'s data for tag `k`: element i is (r * 7 + k * 3 + i) mod 5, which every dtype holds
 /// exactly (bool: its parity).
 template <class T>
