@@ -13,7 +13,6 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <cstdint>
 #include <functional>
@@ -140,22 +139,6 @@ results collective_suite(cg::rank_context& ctx) {
 TEST_CASE("nccl.device_present") {
   if (ccgraph_test::gpu_count() < 1) MESSAGE("no CUDA device: the nccl backend cases are skipped");
   if (ccgraph_test::gpu_count() == 1) MESSAGE("one CUDA device: the two-rank cases are skipped");
-}
-
-// <ccgraph/cuda.hpp> asks for CUDA_MODULE_LOADING=EAGER before CUDA starts (nccl/backend.hpp):
-// with lazy loading, two ranks' threads deadlocked in bench_gpu (a kernel load against an
-// all_reduce waiting on the other rank), and run_gpus with several GPUs refuses to run.
-GPU_TEST_CASE("nccl.module_loading_is_eager") {
-  const char* user = std::getenv("CUDA_MODULE_LOADING");
-  if (user == nullptr || std::string(user) == "EAGER") {
-    CHECK(cg::cuda::module_loading_is_eager());
-  } else {
-    MESSAGE("CUDA_MODULE_LOADING=" << user << " set by the environment: the two-GPU cases refuse to run");
-    CHECK_FALSE(cg::cuda::module_loading_is_eager());
-    if (ccgraph_test::gpu_count() >= 2)
-      CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(2, [](cg::rank_context&) {}), doctest::Contains("CUDA_MODULE_LOADING=EAGER"),
-                           cg::error);
-  }
 }
 
 GPU_TEST_CASE("device_tensor.round_trip_and_factories") {

@@ -354,20 +354,6 @@ inline const bool nccl_connect_at_setup = [] {
   return true;
 }();
 
-/// CUDA loads a kernel lazily, at its first launch, by default (CUDA_MODULE_LOADING=LAZY since
-/// 12.2), and loading may wait for the device's running kernels. With several GPUs in one process
-/// (run_gpus) that deadlocks: rank 1's thread loaded cuBLASLt's kernels while its GPU ran an
-/// all_reduce waiting for rank 0, whose thread waited for the driver lock the load held
-/// (bench_gpu on 2 x H200 hung this way every run; CUDA Programming Guide, "Lazy Loading:
-/// Potential Hazards"). So the program asks for eager loading when it starts, before any CUDA
-/// context exists: every kernel loads when its context or library is created, before a
-/// collective can wait on a peer. A value the user set is kept; run_gpus checks the mode in
-/// effect (cuda::module_loading_is_eager).
-inline const bool cuda_eager_module_loading = [] {
-  ::setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  return true;
-}();
-
 class nccl_rank;
 
 /// Completion of one collective on the nccl backend. Waiting enqueues a wait for its event on
@@ -1011,43 +997,16 @@ inline std::unique_ptr<process_rank> init_from_env(nccl_options opt = {}) {
   return std::make_unique<process_rank>(env_config::from_env(), opt);
 }
 
-/// True when CUDA loads every kernel of a module when it loads the module (CUDA_MODULE_LOADING
-/// =EAGER, which <ccgraph/cuda.hpp> asks for unless the user set the variable), false when it
-/// loads kernels at their first launch. Initialises CUDA.
-inline bool module_loading_is_eager() {
-  using fn = int (*)(int*);  // CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode*)
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || p == nullptr) {
-    (void)cudaGetLastError();
-    return false;  // a driver without the query: assume the default of CUDA 12.2+, lazy
-  }
-  int mode = 0;
-  if (reinterpret_cast<fn>(p)(&mode) != 0) return false;
-  return mode == 1;  // CU_MODULE_EAGER_LOADING
-}
-
 /// Runs `fn(rank_context&)` on `n` GPUs of this process, one thread per GPU (rank r on device
 /// r), with NCCL communicators; returns when all ranks finished. Each rank's tensors are created
 /// on its GPU (its default device) and its compute runs on its own stream. If a rank throws,
 /// every other rank's waits fail with an aborted_error naming it, and the first rank's exception
 /// is rethrown here.
-///
-/// Several GPUs in one process need CUDA's eager module loading (see cuda_eager_module_loading,
-/// which <ccgraph/cuda.hpp> sets up): with lazy loading, run_gpus with more than one rank is an
-/// error that says so, since the first launch of a kernel can deadlock against a collective
-/// waiting on another rank. One process per GPU (init_from_env) has no such hazard.
 template <class F>
 void run_gpus(int n, F&& fn, nccl_options opt = {}) {
   const int devices = device_count();
   CCGRAPH_CHECK(n >= 1 && n <= devices, "run_gpus: asked for ", n, " ranks but ", devices,
                 " CUDA device", devices == 1 ? " is" : "s are", " visible");
-  CCGRAPH_CHECK(n == 1 || module_loading_is_eager(), "run_gpus: ", n,
-                " GPUs in one process need CUDA_MODULE_LOADING=EAGER (it is set to '",
-                std::getenv("CUDA_MODULE_LOADING") ? std::getenv("CUDA_MODULE_LOADING") : "",
-                "'): a kernel loaded at its first launch can deadlock against a collective waiting on "
-                "another rank's thread; unset it (ccgraph then asks for EAGER) or run one process per GPU");
   auto world = std::make_shared<detail::gpu_world>();
   auto ids = std::make_shared<detail::local_id_exchange>();
   auto registry = std::make_shared<group_registry>(n);
@@ -1062,9 +1021,6 @@ void run_gpus(int n, F&& fn, nccl_options opt = {}) {
         stream compute(cudaStreamNonBlocking);
         stream_guard on(compute.get());
         detail::block_cache blocks(compute.get(), r);  // before `compute` ends: it frees there
-        // cuBLAS(Lt) loads its kernels when its handle is made: here, before this rank's first
-        // collective can wait on a peer (see cuda_eager_module_loading).
-        (void)detail::blas_context_for(r);
         comm = std::make_shared<detail::nccl_rank>(r, n, r, ids, world, opt);
         detail::nccl_rank::current_watchdog_guard wd(comm->watchdog());
         std::vector<int> all(static_cast<std::size_t>(n));
