@@ -152,9 +152,9 @@ auto call_with(F& f, const std::vector<T>& args) {
 
 /// compile_function of `fn` over N double tensors.
 template <std::size_t N, class F>
-auto compile_n(F fn, cg::rank_context& ctx) {
+auto compile_n(F fn, cg::rank_context& ctx, cg::function_options opt = {}) {
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return cg::compile_function<std::conditional_t<(I < N), double, void>...>(fn, ctx);
+    return cg::compile_function<std::conditional_t<(I < N), double, void>...>(fn, ctx, opt);
   }(std::make_index_sequence<N>{});
 }
 
@@ -213,6 +213,98 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
   return p;
 }
 
+// ---- data-parallel training of a small MLP ----------------------------------------------------
+
+/// The MLP's loss on a batch: mse of linear(tanh(linear(x, w1, b1)), w2, b2) against y.
+struct mlp_loss {
+  template <class V>
+  auto operator()(const V& x, const V& y, const V& w1, const V& b1, const V& w2, const V& b2) const {
+    const V h = cg::tanh(cg::linear(x, w1, b1));
+    const V d = cg::linear(h, w2, b2) - y;
+    return cg::mean(d * d);
+  }
+};
+
+constexpr std::int64_t in_dim = 3, hidden = 6, out_dim = 2, per_rank = 2, world = 4, train_steps = 4;
+
+/// The whole batch: rows [r * per_rank, (r + 1) * per_rank) are rank r's shard.
+inline T batch_x() { return values({world * per_rank, in_dim}, -1, 1, 101); }
+inline T batch_y() { return values({world * per_rank, out_dim}, -1, 1, 102); }
+inline std::vector<T> mlp_params() {
+  return {values({hidden, in_dim}, -0.8, 0.8, 111), values({hidden}, -0.2, 0.2, 112),
+          values({out_dim, hidden}, -0.8, 0.8, 113), values({out_dim}, -0.2, 0.2, 114)};
+}
+
+/// One data-parallel training step traced as one graph of (x, y, w1, b1, w2, b2, state...):
+/// forward, backward, the gradients all_reduced (avg) over `g`, the optimizer. Returns the
+/// global loss (the local one averaged), the new parameters and the new state's tensors.
+template <class State, class Opt>
+auto dp_train_step(Opt o, cg::group g) {
+  return [o, g](const auto& x, const auto& y, const auto& w1, const auto& b1, const auto& w2, const auto& b2,
+                const auto&... st) {
+    using V = std::decay_t<decltype(x)>;
+    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
+    std::vector<V> grads;
+    for (const V& gr : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(gr, "avg", g));
+    const auto r = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
+                                   state_of<State, V>::type::from_tensors({st...}), o);
+    std::vector<V> out{cg::all_reduce(loss, "avg", g)};
+    for (const V& p : r.params) out.push_back(p);
+    for (const V& t : r.state.tensors()) out.push_back(t);
+    return out;
+  };
+}
+
+/// Trains `train_steps` steps on `world` ranks (each its shard, the traced step through
+/// compile_function, scheduled for overlap) and on one rank (eagerly, the whole batch,
+/// value_and_grad then step_ in place), and checks every rank's loss and parameters against the
+/// single rank's after every step.
+template <std::size_t StateTensors, class Opt>
+void check_data_parallel(const Opt& o) {
+  // one rank, the concatenated batch
+  std::vector<double> ref_loss;
+  std::vector<std::vector<T>> ref_params;
+  {
+    std::vector<T> p = copies(mlp_params());
+    auto st = cg::optim::init(p, o);
+    const T x = batch_x(), y = batch_y();
+    for (int s = 0; s < train_steps; ++s) {
+      auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
+      cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
+      ref_loss.push_back(loss.to_vector().at(0));
+      ref_params.push_back(copies(p));
+    }
+    CHECK(ref_loss.back() < ref_loss.front());  // it trains
+  }
+  using State = decltype(cg::optim::init(std::vector<T>{}, o));
+  ccgraph_test::run(world, [&](cg::rank_context& ctx) {
+    const auto r = ctx.rank();
+    const T x = batch_x().narrow(0, r * per_rank, per_rank).contiguous();
+    const T y = batch_y().narrow(0, r * per_rank, per_rank).contiguous();
+    constexpr std::size_t n = 6 + StateTensors;
+    auto cf = compile_n<n>(dp_train_step<State>(o, ctx.world()), ctx,
+                           {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}});
+    std::vector<T> p = mlp_params();
+    std::vector<T> st = cg::optim::init(p, o).tensors();
+    for (int s = 0; s < train_steps; ++s) {
+      std::vector<T> args{x, y};
+      for (const T& t : p) args.push_back(t);
+      for (const T& t : st) args.push_back(t);
+      const std::vector<T> out = call_with<n>(cf, args);
+      REQUIRE(out.size() == 5 + StateTensors);
+      p.assign(out.begin() + 1, out.begin() + 5);
+      st.assign(out.begin() + 5, out.end());
+      INFO("rank ", r, " step ", s);
+      CHECK(out[0].to_vector().at(0) == doctest::Approx(ref_loss[static_cast<std::size_t>(s)]).epsilon(1e-12));
+      check_close(p, [&] {
+        std::vector<vec> w;
+        for (const T& t : ref_params[static_cast<std::size_t>(s)]) w.push_back(t.to_vector());
+        return w;
+      }(), 1e-12);
+    }
+  });
+}
+
 }  // namespace optim_test
 
 TEST_CASE("optim.sgd.momentum_nesterov_weight_decay") {
@@ -269,6 +361,18 @@ TEST_CASE("optim.adamw.float") {
     const auto v = p[i].to_vector();
     for (std::size_t j = 0; j < v.size(); ++j) CHECK(v[j] == doctest::Approx(want[i][j]).epsilon(1e-5));
   }
+}
+
+TEST_CASE("optim.data_parallel.mlp_sgd_momentum.world4") {
+  optim_test::check_data_parallel<4>(cg::optim::sgd_options{.lr = 0.2, .momentum = 0.9, .weight_decay = 1e-3});
+}
+
+TEST_CASE("optim.data_parallel.mlp_sgd_nesterov.world4") {
+  optim_test::check_data_parallel<4>(cg::optim::sgd_options{.lr = 0.1, .momentum = 0.8, .nesterov = true});
+}
+
+TEST_CASE("optim.data_parallel.mlp_adamw.world4") {
+  optim_test::check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.02, .weight_decay = 0.05});
 }
 
 TEST_CASE("optim.errors") {
