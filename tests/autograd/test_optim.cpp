@@ -13,8 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include <ccgraph/autograd/optim.hpp>
-#include <ccgraph/ccgraph.hpp>
+#include <ccgraph/ccgraph.hpp>  // includes autograd/optim.hpp
 
 #include "support.hpp"
 
