@@ -52,6 +52,7 @@
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
 #include <ccgraph/autograd/grad.hpp>
+#include <ccgraph/autograd/optim.hpp>  // templates only over headers above: no measurable cost
 #include <ccgraph/schedule/schedule.hpp>
 
 // DTensor (placements, dtensor<T>, redistribute, comm_counter): small templates over the

@@ -1,0 +1,299 @@
+// ccgraph/autograd/optim.hpp: optimizers as graph ops. SGD (momentum, weight decay, Nesterov)
+// and AdamW with torch.optim's semantics, written once over a value type V that is either a
+// tensor<T> (eager) or a symbolic<T> (inside cg::trace). Each new parameter and each new state
+// tensor is one fused pointwise expression: eagerly one loop (one kernel on a GPU) per output,
+// traced one pointwise node per output, so forward + backward (cg::value_and_grad) + the update
+// trace to one graph that cg::schedule, cg::compile and cg::compile_function take.
+//
+// In place or not: cg::optim::step is functional (it returns new parameters and a new state),
+// eagerly and traced. cg::optim::step_ updates tensors in place, eagerly only: each fused
+// expression is evaluated straight into the parameter's (or state tensor's) own memory. A traced
+// graph cannot do that yet: the memory planner never writes a graph input's buffer (graph inputs
+// are the caller's memory, schedule/memory_plan.hpp) and compiled graphs never write the
+// caller's tensors, so a traced step returns its results in fresh (planned) buffers and the
+// caller swaps them in for the next step.
+//
+// Everything here is a template instantiated where an optimizer runs: including this header
+// compiles no update.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ccgraph/core/error.hpp>
+#include <ccgraph/core/shape.hpp>
+#include <ccgraph/expr/expr.hpp>
+#include <ccgraph/ops/pointwise.hpp>
+#include <ccgraph/tensor/tensor.hpp>
+#include <ccgraph/trace/ops.hpp>
+#include <ccgraph/trace/symbolic.hpp>
+
+namespace ccgraph::optim {
+
+/// A value the optimizers update: a tensor<T> (eager) or a symbolic<T> (traced).
+template <class V>
+concept value = is_tensor_v<V> || is_symbolic_v<V>;
+
+/// torch.optim.SGD's options (dampening 0, maximize off): with weight decay wd, momentum mu and
+/// buffer b (zeros before the first step, which equals PyTorch's b = d on the first step),
+/// d = g + wd * p; b = mu * b + d; p -= lr * (nesterov ? d + mu * b : b). Momentum 0 keeps no
+/// buffer: p -= lr * d.
+struct sgd_options {
+  /// Learning rate.
+  double lr = 1e-3;
+  /// Momentum factor (0: plain SGD, no buffer).
+  double momentum = 0.0;
+  /// L2 penalty added to the gradient (coupled, as torch.optim.SGD).
+  double weight_decay = 0.0;
+  /// Nesterov momentum (needs momentum > 0).
+  bool nesterov = false;
+};
+
+/// torch.optim.AdamW's options (amsgrad and maximize off). Step t counts from 1:
+/// m = lerp(m, g, 1 - beta1); v = beta2 * v + (1 - beta2) * g * g;
+/// p = p * (1 - lr * weight_decay) - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+struct adamw_options {
+  /// Learning rate.
+  double lr = 1e-3;
+  /// Decay of the first moment's running average.
+  double beta1 = 0.9;
+  /// Decay of the second moment's running average.
+  double beta2 = 0.999;
+  /// Added to the bias-corrected sqrt of the second moment (outside the sqrt, as PyTorch).
+  double eps = 1e-8;
+  /// Decoupled weight decay: p is scaled by 1 - lr * weight_decay before the Adam update.
+  double weight_decay = 1e-2;
+};
+
+/// SGD's state: one momentum buffer per parameter (none when momentum is 0).
+template <value V>
+struct sgd_state {
+  /// torch's momentum_buffer of each parameter, in parameter order.
+  std::vector<V> momentum_buffer;
+
+  /// The state's tensors in order (the momentum buffers), e.g. to pass them to a traced step.
+  std::vector<V> tensors() const { return momentum_buffer; }
+  /// The state from tensors() (e.g. a traced step's inputs).
+  static sgd_state from_tensors(std::vector<V> ts) { return {std::move(ts)}; }
+};
+
+/// AdamW's state: the step count (a 0-d tensor, so a traced step reads it and one graph serves
+/// every step) and the two running averages of each parameter.
+template <value V>
+struct adamw_state {
+  /// Steps taken so far (0-d, the parameters' element type; PyTorch's `step`).
+  V step;
+  /// First moment running average of each parameter, in parameter order.
+  std::vector<V> exp_avg;
+  /// Second moment running average of each parameter, in parameter order.
+  std::vector<V> exp_avg_sq;
+
+  /// The state's tensors in order: step, then exp_avg, then exp_avg_sq.
+  std::vector<V> tensors() const {
+    std::vector<V> out{step};
+    out.insert(out.end(), exp_avg.begin(), exp_avg.end());
+    out.insert(out.end(), exp_avg_sq.begin(), exp_avg_sq.end());
+    return out;
+  }
+  /// The state from tensors() (e.g. a traced step's inputs): step, n exp_avg, n exp_avg_sq.
+  static adamw_state from_tensors(const std::vector<V>& ts) {
+    CCGRAPH_CHECK(ts.size() % 2 == 1, "optim::adamw_state::from_tensors: expected step and two tensors per "
+                  "parameter (an odd count), got ", ts.size(), " tensors");
+    const auto n = static_cast<std::ptrdiff_t>(ts.size() / 2);
+    return {ts[0], std::vector<V>(ts.begin() + 1, ts.begin() + 1 + n), std::vector<V>(ts.begin() + 1 + n, ts.end())};
+  }
+};
+
+/// What cg::optim::step returns: the new parameters (in order) and the new state.
+template <value V, class State>
+struct step_result {
+  /// The updated parameters.
+  std::vector<V> params;
+  /// The updated state.
+  State state;
+};
+
+namespace detail {
+
+/// Zeros of x's shape and type, on x's device.
+template <element T>
+tensor<T> zeros_like(const tensor<T>& x) {
+  auto z = tensor<T>::empty(x.shape(), x.device());
+  z.fill_(T(0));
+  return z;
+}
+
+/// Checks the options of `what` ("optim::sgd", "optim::adamw").
+inline void check_options(const sgd_options& o, std::string_view what) {
+  CCGRAPH_CHECK(o.lr >= 0, what, ": lr must be >= 0, got ", o.lr);
+  CCGRAPH_CHECK(o.momentum >= 0, what, ": momentum must be >= 0, got ", o.momentum);
+  CCGRAPH_CHECK(o.weight_decay >= 0, what, ": weight_decay must be >= 0, got ", o.weight_decay);
+  CCGRAPH_CHECK(!o.nesterov || o.momentum > 0, what, ": nesterov needs momentum > 0, got momentum ", o.momentum);
+}
+inline void check_options(const adamw_options& o, std::string_view what) {
+  CCGRAPH_CHECK(o.lr >= 0, what, ": lr must be >= 0, got ", o.lr);
+  CCGRAPH_CHECK(o.beta1 >= 0 && o.beta1 < 1, what, ": beta1 must be in [0, 1), got ", o.beta1);
+  CCGRAPH_CHECK(o.beta2 >= 0 && o.beta2 < 1, what, ": beta2 must be in [0, 1), got ", o.beta2);
+  CCGRAPH_CHECK(o.eps >= 0, what, ": eps must be >= 0, got ", o.eps);
+  CCGRAPH_CHECK(o.weight_decay >= 0, what, ": weight_decay must be >= 0, got ", o.weight_decay);
+}
+
+/// Checks that `xs` (named `name`) has one tensor per parameter, each of its parameter's shape.
+template <class V>
+void check_like(std::string_view what, const std::vector<V>& params, const std::vector<V>& xs, std::string_view name) {
+  CCGRAPH_CHECK(xs.size() == params.size(), what, ": ", params.size(), " params but ", xs.size(), " ", name);
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    CCGRAPH_CHECK(xs[i].shape() == params[i].shape(), what, ": ", name, "[", i, "] has shape ", shape_str(xs[i].shape()),
+                  " but params[", i, "] has shape ", shape_str(params[i].shape()));
+}
+
+/// Where an update's results go. `functional` makes each a new value (a fused node when traced);
+/// `in_place` evaluates each into the tensor it replaces (eager only).
+struct functional {
+  template <class V, class E>
+  V operator()(const V&, const E& e) const {
+    return V(e);
+  }
+};
+struct in_place {
+  template <element T, class E>
+  tensor<T> operator()(const tensor<T>& dst, const E& e) const {
+    ::ccgraph::detail::evaluate_into(e, dst);
+    return dst;
+  }
+};
+
+/// One SGD step over every parameter; each result goes through `store(old, expression)`.
+template <class V, class Store>
+step_result<V, sgd_state<V>> sgd(const std::vector<V>& params, const std::vector<V>& grads, const sgd_state<V>& state,
+                                 const sgd_options& o, Store store, std::string_view what) {
+  check_options(o, what);
+  check_like(what, params, grads, "grads");
+  if (o.momentum > 0) check_like(what, params, state.momentum_buffer, "momentum buffers");
+  step_result<V, sgd_state<V>> r;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const V& p = params[i];
+    // d: the gradient plus the weight decay, inlined into each update's expression (weight decay
+    // 0 adds nothing, as PyTorch skips it).
+    auto update = [&](const auto& d) {
+      if (o.momentum == 0) {
+        r.params.push_back(store(p, p - d * o.lr));
+        return;
+      }
+      const V& b = state.momentum_buffer[i];
+      const V nb = store(b, b * o.momentum + d);
+      // (in place, p's update reads the buffer just written, as PyTorch's does)
+      if (o.nesterov)
+        r.params.push_back(store(p, p - (d + nb * o.momentum) * o.lr));
+      else
+        r.params.push_back(store(p, p - nb * o.lr));
+      r.state.momentum_buffer.push_back(nb);
+    };
+    if (o.weight_decay != 0)
+      update(grads[i] + p * o.weight_decay);
+    else
+      update(grads[i]);
+  }
+  return r;
+}
+
+/// One AdamW step over every parameter; each result goes through `store(old, expression)`.
+template <class V, class Store>
+step_result<V, adamw_state<V>> adamw(const std::vector<V>& params, const std::vector<V>& grads,
+                                     const adamw_state<V>& state, const adamw_options& o, Store store,
+                                     std::string_view what) {
+  check_options(o, what);
+  check_like(what, params, grads, "grads");
+  check_like(what, params, state.exp_avg, "exp_avg");
+  check_like(what, params, state.exp_avg_sq, "exp_avg_sq");
+  CCGRAPH_CHECK(state.step.shape().empty(), what, ": the state's step must be 0-d, got shape ",
+                shape_str(state.step.shape()));
+  const V t = store(state.step, state.step + 1.0);
+  step_result<V, adamw_state<V>> r{{}, {t, {}, {}}};  // (a symbolic value has no default)
+  const double w = 1 - o.beta1;  // lerp weight
+  const double decay = 1 - o.lr * o.weight_decay;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const V& p = params[i];
+    const V& g = grads[i];
+    const V& m = state.exp_avg[i];
+    const V& v = state.exp_avg_sq[i];
+    // torch.lerp's two formulas (the one accurate for the weight's side of 0.5).
+    const V nm = w < 0.5 ? store(m, m + (g - m) * w) : store(m, g - (g - m) * (1 - w));
+    const V nv = store(v, v * o.beta2 + g * (1 - o.beta2) * g);  // addcmul: (value * g) * g
+    // step_size = lr / (1 - beta1^t); denom = sqrt(v) / sqrt(1 - beta2^t) + eps, broadcast from 0-d t.
+    const auto step_size = o.lr / (1.0 - ::ccgraph::pow(o.beta1, t));
+    const auto denom = ::ccgraph::sqrt(nv) / ::ccgraph::sqrt(1.0 - ::ccgraph::pow(o.beta2, t)) + o.eps;
+    r.params.push_back(store(p, p * decay - step_size * nm / denom));  // addcdiv: (value * m) / denom
+    r.state.exp_avg.push_back(nm);
+    r.state.exp_avg_sq.push_back(nv);
+  }
+  return r;
+}
+
+}  // namespace detail
+
+/// Zero momentum buffers for `params` (none when momentum is 0), on each parameter's device.
+template <element T>
+sgd_state<tensor<T>> init(const std::vector<tensor<T>>& params, const sgd_options& o) {
+  detail::check_options(o, "optim::init(sgd)");
+  sgd_state<tensor<T>> s;
+  if (o.momentum > 0)
+    for (const auto& p : params) s.momentum_buffer.push_back(detail::zeros_like(p));
+  return s;
+}
+
+/// AdamW's initial state for `params`: step 0 and zero running averages, on the parameters'
+/// device (the first parameter's for step; at least one parameter is needed).
+template <element T>
+adamw_state<tensor<T>> init(const std::vector<tensor<T>>& params, const adamw_options& o) {
+  detail::check_options(o, "optim::init(adamw)");
+  CCGRAPH_CHECK(!params.empty(), "optim::init(adamw): no params");
+  adamw_state<tensor<T>> s{tensor<T>::empty({}, params[0].device()), {}, {}};
+  s.step.fill_(T(0));
+  for (const auto& p : params) {
+    s.exp_avg.push_back(detail::zeros_like(p));
+    s.exp_avg_sq.push_back(detail::zeros_like(p));
+  }
+  return s;
+}
+
+/// One SGD step, functional: the new parameters and state (the inputs are not written). With
+/// tensors it runs at once; with symbolic values (inside cg::trace) it records one fused
+/// pointwise node per new parameter and per new momentum buffer.
+template <value V>
+step_result<V, sgd_state<V>> step(const std::vector<V>& params, const std::vector<V>& grads,
+                                  const sgd_state<V>& state, const sgd_options& o) {
+  return detail::sgd(params, grads, state, o, detail::functional{}, "optim::step(sgd)");
+}
+
+/// One AdamW step, functional: the new parameters and state (step + 1, the new averages). With
+/// tensors it runs at once; with symbolic values (inside cg::trace) it records one fused
+/// pointwise node per new parameter, per new average and for the step count.
+template <value V>
+step_result<V, adamw_state<V>> step(const std::vector<V>& params, const std::vector<V>& grads,
+                                    const adamw_state<V>& state, const adamw_options& o) {
+  return detail::adamw(params, grads, state, o, detail::functional{}, "optim::step(adamw)");
+}
+
+/// One SGD step in place (eager): each parameter and momentum buffer is overwritten by its
+/// fused update, evaluated straight into its memory (no copy). Same values as step().
+template <element T>
+void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, sgd_state<tensor<T>>& state,
+           const sgd_options& o) {
+  detail::sgd(params, grads, state, o, detail::in_place{}, "optim::step_(sgd)");
+}
+
+/// One AdamW step in place (eager): the step count, each running average and each parameter are
+/// overwritten by their fused updates, evaluated straight into their memory. Same values as
+/// step().
+template <element T>
+void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, adamw_state<tensor<T>>& state,
+           const adamw_options& o) {
+  detail::adamw(params, grads, state, o, detail::in_place{}, "optim::step_(adamw)");
+}
+
+}  // namespace ccgraph::optim

@@ -1,0 +1,414 @@
+// tests/autograd/test_optim.cpp: cg::optim (ccgraph/autograd/optim.hpp). SGD and AdamW against
+// double-precision references written as plain loops (torch.optim's formulas), over several
+// steps: eager functional, eager in place and traced through compile_function, which must agree
+// bit for bit; one fused pointwise node per output; the errors; and data-parallel training of a
+// small MLP on 4 ranks (gradients all_reduced inside the traced step) against one rank on the
+// concatenated batch, step by step.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ccgraph/ccgraph.hpp>  // includes autograd/optim.hpp
+
+#include "support.hpp"
+
+namespace cg = ccgraph;
+using ccgraph_test::contains;
+using ccgraph_test::error_of;
+
+namespace optim_test {
+
+using T = cg::tensor<double>;
+using vec = std::vector<double>;
+
+/// A tensor of `shape` with values spread over [lo, hi) (deterministic).
+inline T values(cg::shape_t shape, double lo, double hi, int seed) {
+  const std::int64_t n = cg::numel_of(shape);
+  vec v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    v[static_cast<std::size_t>(i)] = lo + (hi - lo) * std::fmod(0.6180339887 * double(i * 7 + seed * 13 + 3), 1.0);
+  return T::from(v, shape);
+}
+
+/// Deep copies (the in-place step must not write the tensors the other runs start from).
+inline std::vector<T> copies(const std::vector<T>& xs) {
+  std::vector<T> out;
+  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
+  return out;
+}
+
+/// The parameters of the tests: two of different shapes.
+inline std::vector<T> params0() { return {values({3, 4}, -1, 1, 1), values({4}, -1, 1, 2)}; }
+/// The gradients of step `s` (different each step, some negative, some tiny).
+inline std::vector<T> grads_at(int s) {
+  return {values({3, 4}, -0.5, 0.7, 10 + s), values({4}, -1e-3, 2e-3, 20 + s)};
+}
+constexpr int steps = 5;
+
+/// torch.optim.SGD (dampening 0) as loops: returns the parameters after `steps` steps.
+inline std::vector<vec> sgd_reference(const cg::optim::sgd_options& o) {
+  std::vector<vec> p, b;
+  for (const T& x : params0()) p.push_back(x.to_vector()), b.emplace_back();
+  for (int s = 0; s < steps; ++s) {
+    const auto gs = grads_at(s);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const vec g = gs[i].to_vector();
+      if (b[i].empty()) b[i].assign(g.size(), 0.0);
+      for (std::size_t j = 0; j < g.size(); ++j) {
+        double d = g[j];
+        if (o.weight_decay != 0) d += o.weight_decay * p[i][j];
+        if (o.momentum != 0) {
+          b[i][j] = s == 0 ? d : o.momentum * b[i][j] + d;  // PyTorch clones d on the first step
+          d = o.nesterov ? d + o.momentum * b[i][j] : b[i][j];
+        }
+        p[i][j] -= o.lr * d;
+      }
+    }
+  }
+  return p;
+}
+
+/// torch.optim.AdamW as loops: returns the parameters after `steps` steps.
+inline std::vector<vec> adamw_reference(const cg::optim::adamw_options& o) {
+  std::vector<vec> p, m, v;
+  for (const T& x : params0()) {
+    p.push_back(x.to_vector());
+    m.emplace_back(p.back().size(), 0.0);
+    v.emplace_back(p.back().size(), 0.0);
+  }
+  for (int s = 1; s <= steps; ++s) {
+    const auto gs = grads_at(s - 1);
+    const double bc1 = 1 - std::pow(o.beta1, s), bc2 = 1 - std::pow(o.beta2, s);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const vec g = gs[i].to_vector();
+      for (std::size_t j = 0; j < g.size(); ++j) {
+        p[i][j] *= 1 - o.lr * o.weight_decay;
+        m[i][j] = o.beta1 * m[i][j] + (1 - o.beta1) * g[j];
+        v[i][j] = o.beta2 * v[i][j] + (1 - o.beta2) * g[j] * g[j];
+        p[i][j] -= o.lr / bc1 * m[i][j] / (std::sqrt(v[i][j]) / std::sqrt(bc2) + o.eps);
+      }
+    }
+  }
+  return p;
+}
+
+/// Checks `got` against the reference to a tight relative tolerance.
+inline void check_close(const std::vector<T>& got, const std::vector<vec>& want, double tol = 1e-13) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const vec g = got[i].to_vector();
+    REQUIRE(g.size() == want[i].size());
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      INFO("param ", i, " element ", j, ": got ", g[j], ", want ", want[i][j]);
+      CHECK(std::abs(g[j] - want[i][j]) <= tol * (1 + std::abs(want[i][j])));
+    }
+  }
+}
+
+/// Bit-for-bit equality of two lists of tensors.
+inline void check_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].to_vector() == b[i].to_vector());
+}
+
+/// The state type for value type V of a state S of tensors.
+template <class S, class V>
+struct state_of;
+template <class W, class V>
+struct state_of<cg::optim::sgd_state<W>, V> {
+  using type = cg::optim::sgd_state<V>;
+};
+template <class W, class V>
+struct state_of<cg::optim::adamw_state<W>, V> {
+  using type = cg::optim::adamw_state<V>;
+};
+
+/// The optimizer's step traced as one graph of (p0, p1, g0, g1, state...) returning the new
+/// parameters then the new state's tensors.
+template <class State, class Opt>
+auto traced_step(Opt o) {
+  return [o](const auto& p0, const auto& p1, const auto& g0, const auto& g1, const auto&... st) {
+    using V = std::decay_t<decltype(p0)>;
+    const auto r = cg::optim::step(std::vector<V>{p0, p1}, std::vector<V>{g0, g1},
+                                   state_of<State, V>::type::from_tensors({st...}), o);
+    std::vector<V> out = r.params;
+    for (const V& t : r.state.tensors()) out.push_back(t);
+    return out;
+  };
+}
+
+/// Calls `f` with the tensors of `args` as separate arguments (N of them).
+template <std::size_t N, class F>
+auto call_with(F& f, const std::vector<T>& args) {
+  REQUIRE(args.size() == N);
+  return [&]<std::size_t... I>(std::index_sequence<I...>) { return f(args[I]...); }(std::make_index_sequence<N>{});
+}
+
+/// compile_function of `fn` over N double tensors.
+template <std::size_t N, class F>
+auto compile_n(F fn, cg::rank_context& ctx, cg::function_options opt = {}) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return cg::compile_function<std::conditional_t<(I < N), double, void>...>(fn, ctx, opt);
+  }(std::make_index_sequence<N>{});
+}
+
+/// Runs the optimizer `steps` steps three ways — eager functional, eager in place, traced through
+/// compile_function — checks they agree bit for bit, and returns the final parameters.
+template <std::size_t StateTensors, class Opt>
+std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
+  // eager, functional
+  std::vector<T> p = params0();
+  auto st = cg::optim::init(p, o);
+  const std::vector<T> p_start = copies(p);
+  for (int s = 0; s < steps; ++s) {
+    const auto before = copies(p);
+    auto r = cg::optim::step(p, grads_at(s), st, o);
+    check_equal(p, before);  // functional: the inputs are not written
+    p = r.params;
+    st = r.state;
+  }
+  // eager, in place: the same tensors are updated
+  std::vector<T> q = copies(p_start);
+  auto qs = cg::optim::init(q, o);
+  const double* q0 = q[0].data();
+  for (int s = 0; s < steps; ++s) cg::optim::step_(q, grads_at(s), qs, o);
+  CHECK(q[0].data() == q0);
+  check_equal(q, p);
+  check_equal(qs.tensors(), st.tensors());
+  // traced: one graph per step, run through compile_function
+  using State = decltype(st);
+  ccgraph_test::run(1, [&](cg::rank_context& ctx) {
+    auto fn = traced_step<State>(o);
+    constexpr std::size_t n = 4 + StateTensors;
+    auto cf = compile_n<n>(fn, ctx);
+    std::vector<T> tp = copies(p_start);
+    auto ts = cg::optim::init(tp, o);
+    std::vector<T> tst = ts.tensors();
+    REQUIRE(tst.size() == StateTensors);
+    for (int s = 0; s < steps; ++s) {
+      std::vector<T> args = tp;
+      for (const T& g : grads_at(s)) args.push_back(g);
+      for (const T& x : tst) args.push_back(x);
+      const std::vector<T> out = call_with<n>(cf, args);
+      tp.assign(out.begin(), out.begin() + 2);
+      tst.assign(out.begin() + 2, out.end());
+    }
+    check_equal(tp, p);
+    check_equal(tst, st.tensors());
+    // one fused pointwise node per output
+    const auto g = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      std::vector<T> shapes = params0();
+      for (const T& x : grads_at(0)) shapes.push_back(x);
+      for (const T& x : ts.tensors()) shapes.push_back(x);
+      return cg::trace(fn, cg::input<double>(shapes[I].shape())...);
+    }(std::make_index_sequence<n>{});
+    CHECK(g.count("pointwise") == pointwise_per_step);
+  });
+  return p;
+}
+
+// ---- data-parallel training of a small MLP ----------------------------------------------------
+
+/// The MLP's loss on a batch: mse of linear(tanh(linear(x, w1, b1)), w2, b2) against y.
+struct mlp_loss {
+  template <class V>
+  auto operator()(const V& x, const V& y, const V& w1, const V& b1, const V& w2, const V& b2) const {
+    const V h = cg::tanh(cg::linear(x, w1, b1));
+    const V d = cg::linear(h, w2, b2) - y;
+    return cg::mean(d * d);
+  }
+};
+
+constexpr std::int64_t in_dim = 3, hidden = 6, out_dim = 2, per_rank = 2, world = 4, train_steps = 4;
+
+/// The whole batch: rows [r * per_rank, (r + 1) * per_rank) are rank r's shard.
+inline T batch_x() { return values({world * per_rank, in_dim}, -1, 1, 101); }
+inline T batch_y() { return values({world * per_rank, out_dim}, -1, 1, 102); }
+inline std::vector<T> mlp_params() {
+  return {values({hidden, in_dim}, -0.8, 0.8, 111), values({hidden}, -0.2, 0.2, 112),
+          values({out_dim, hidden}, -0.8, 0.8, 113), values({out_dim}, -0.2, 0.2, 114)};
+}
+
+/// One data-parallel training step traced as one graph of (x, y, w1, b1, w2, b2, state...):
+/// forward, backward, the gradients all_reduced (avg) over `g`, the optimizer. Returns the
+/// global loss (the local one averaged), the new parameters and the new state's tensors.
+template <class State, class Opt>
+auto dp_train_step(Opt o, cg::group g) {
+  return [o, g](const auto& x, const auto& y, const auto& w1, const auto& b1, const auto& w2, const auto& b2,
+                const auto&... st) {
+    using V = std::decay_t<decltype(x)>;
+    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
+    std::vector<V> grads;
+    for (const V& gr : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(gr, "avg", g));
+    const auto r = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
+                                   state_of<State, V>::type::from_tensors({st...}), o);
+    std::vector<V> out{cg::all_reduce(loss, "avg", g)};
+    for (const V& p : r.params) out.push_back(p);
+    for (const V& t : r.state.tensors()) out.push_back(t);
+    return out;
+  };
+}
+
+/// Trains `train_steps` steps on `world` ranks (each its shard, the traced step through
+/// compile_function, scheduled for overlap) and on one rank (eagerly, the whole batch,
+/// value_and_grad then step_ in place), and checks every rank's loss and parameters against the
+/// single rank's after every step.
+template <std::size_t StateTensors, class Opt>
+void check_data_parallel(const Opt& o) {
+  // one rank, the concatenated batch
+  std::vector<double> ref_loss;
+  std::vector<std::vector<T>> ref_params;
+  {
+    std::vector<T> p = copies(mlp_params());
+    auto st = cg::optim::init(p, o);
+    const T x = batch_x(), y = batch_y();
+    for (int s = 0; s < train_steps; ++s) {
+      auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
+      cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
+      ref_loss.push_back(loss.to_vector().at(0));
+      ref_params.push_back(copies(p));
+    }
+    CHECK(ref_loss.back() < ref_loss.front());  // it trains
+  }
+  using State = decltype(cg::optim::init(std::vector<T>{}, o));
+  ccgraph_test::run(world, [&](cg::rank_context& ctx) {
+    const auto r = ctx.rank();
+    const T x = batch_x().narrow(0, r * per_rank, per_rank).contiguous();
+    const T y = batch_y().narrow(0, r * per_rank, per_rank).contiguous();
+    constexpr std::size_t n = 6 + StateTensors;
+    auto cf = compile_n<n>(dp_train_step<State>(o, ctx.world()), ctx,
+                           {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}});
+    std::vector<T> p = mlp_params();
+    std::vector<T> st = cg::optim::init(p, o).tensors();
+    for (int s = 0; s < train_steps; ++s) {
+      std::vector<T> args{x, y};
+      for (const T& t : p) args.push_back(t);
+      for (const T& t : st) args.push_back(t);
+      const std::vector<T> out = call_with<n>(cf, args);
+      REQUIRE(out.size() == 5 + StateTensors);
+      p.assign(out.begin() + 1, out.begin() + 5);
+      st.assign(out.begin() + 5, out.end());
+      INFO("rank ", r, " step ", s);
+      CHECK(out[0].to_vector().at(0) == doctest::Approx(ref_loss[static_cast<std::size_t>(s)]).epsilon(1e-12));
+      check_close(p, [&] {
+        std::vector<vec> w;
+        for (const T& t : ref_params[static_cast<std::size_t>(s)]) w.push_back(t.to_vector());
+        return w;
+      }(), 1e-12);
+    }
+  });
+}
+
+}  // namespace optim_test
+
+TEST_CASE("optim.sgd.momentum_nesterov_weight_decay") {
+  using namespace optim_test;
+  for (const bool nesterov : {false, true})
+    for (const double wd : {0.0, 0.05}) {
+      INFO("nesterov ", nesterov, ", weight_decay ", wd);
+      const cg::optim::sgd_options o{.lr = 0.1, .momentum = 0.9, .weight_decay = wd, .nesterov = nesterov};
+      // per parameter: the new buffer and the new parameter
+      check_close(run_three_ways<2>(o, 4), sgd_reference(o));
+    }
+}
+
+TEST_CASE("optim.sgd.plain") {
+  using namespace optim_test;
+  const cg::optim::sgd_options o{.lr = 0.3, .momentum = 0.0, .weight_decay = 0.01};
+  check_close(run_three_ways<0>(o, 2), sgd_reference(o));
+}
+
+TEST_CASE("optim.adamw.bias_correction") {
+  using namespace optim_test;
+  // beta1 0.9 and 0.3: torch.lerp's two formulas; weight decay on and off
+  for (const double beta1 : {0.9, 0.3})
+    for (const double wd : {0.0, 0.1}) {
+      INFO("beta1 ", beta1, ", weight_decay ", wd);
+      const cg::optim::adamw_options o{.lr = 0.01, .beta1 = beta1, .beta2 = 0.99, .eps = 1e-6, .weight_decay = wd};
+      // the step count, then per parameter: exp_avg, exp_avg_sq and the parameter
+      check_close(run_three_ways<5>(o, 7), adamw_reference(o), 1e-12);
+    }
+}
+
+TEST_CASE("optim.adamw.float") {
+  // f32: the same graph; against the double reference to f32 accuracy
+  const cg::optim::adamw_options o{.lr = 0.01};
+  std::vector<cg::tensor<float>> p;
+  for (const auto& x : optim_test::params0()) {
+    std::vector<float> v;
+    for (double d : x.to_vector()) v.push_back(static_cast<float>(d));
+    p.push_back(cg::tensor<float>::from(v, x.shape()));
+  }
+  auto st = cg::optim::init(p, o);
+  for (int s = 0; s < optim_test::steps; ++s) {
+    std::vector<cg::tensor<float>> g;
+    for (const auto& x : optim_test::grads_at(s)) {
+      std::vector<float> v;
+      for (double d : x.to_vector()) v.push_back(static_cast<float>(d));
+      g.push_back(cg::tensor<float>::from(v, x.shape()));
+    }
+    cg::optim::step_(p, g, st, o);
+  }
+  CHECK(st.step.to_vector() == std::vector<float>{5.0f});
+  const auto want = optim_test::adamw_reference(o);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto v = p[i].to_vector();
+    for (std::size_t j = 0; j < v.size(); ++j) CHECK(v[j] == doctest::Approx(want[i][j]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("optim.data_parallel.mlp_sgd_momentum.world4") {
+  optim_test::check_data_parallel<4>(cg::optim::sgd_options{.lr = 0.2, .momentum = 0.9, .weight_decay = 1e-3});
+}
+
+TEST_CASE("optim.data_parallel.mlp_sgd_nesterov.world4") {
+  optim_test::check_data_parallel<4>(cg::optim::sgd_options{.lr = 0.1, .momentum = 0.8, .nesterov = true});
+}
+
+TEST_CASE("optim.data_parallel.mlp_adamw.world4") {
+  optim_test::check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.02, .weight_decay = 0.05});
+}
+
+TEST_CASE("optim.errors") {
+  using namespace optim_test;
+  auto p = params0();
+  auto g = grads_at(0);
+  auto sgd = cg::optim::init(p, cg::optim::sgd_options{.momentum = 0.9});
+  // a gradient of the wrong shape
+  std::vector<T> bad{g[0], values({5}, -1, 1, 3)};
+  std::string e = error_of([&] { cg::optim::step(p, bad, sgd, {.momentum = 0.9}); });
+  CHECK(contains(e, "optim::step(sgd)"));
+  CHECK(contains(e, "grads[1] has shape [5]"));
+  CHECK(contains(e, "params[1] has shape [4]"));
+  // one gradient too few
+  e = error_of([&] { cg::optim::step_(p, std::vector<T>{g[0]}, sgd, {.momentum = 0.9}); });
+  CHECK(contains(e, "optim::step_(sgd)"));
+  CHECK(contains(e, "2 params but 1 grads"));
+  // a state without buffers for momentum
+  cg::optim::sgd_state<T> none;
+  e = error_of([&] { cg::optim::step(p, g, none, {.momentum = 0.5}); });
+  CHECK(contains(e, "2 params but 0 momentum buffers"));
+  // nesterov without momentum
+  e = error_of([&] { cg::optim::step(p, g, none, {.nesterov = true}); });
+  CHECK(contains(e, "nesterov needs momentum > 0"));
+  // AdamW: bad beta, a state of other params, a step that is not 0-d
+  auto ad = cg::optim::init(p, cg::optim::adamw_options{});
+  e = error_of([&] { cg::optim::step(p, g, ad, {.beta2 = 1.0}); });
+  CHECK(contains(e, "optim::step(adamw): beta2 must be in [0, 1), got 1"));
+  auto other = ad;
+  other.exp_avg_sq[0] = values({4, 3}, -1, 1, 4);
+  e = error_of([&] { cg::optim::step_(p, g, other, {}); });
+  CHECK(contains(e, "exp_avg_sq[0] has shape [4, 3] but params[0] has shape [3, 4]"));
+  other = ad;
+  other.step = values({1}, 0, 1, 5);
+  e = error_of([&] { cg::optim::step(p, g, other, {}); });
+  CHECK(contains(e, "step must be 0-d, got shape [1]"));
+  e = error_of([] { cg::optim::adamw_state<T>::from_tensors({values({}, 0, 1, 1), values({2}, 0, 1, 1)}); });
+  CHECK(contains(e, "from_tensors"));
+  CHECK(contains(e, "got 2 tensors"));
+}
