@@ -193,13 +193,38 @@ TEST_CASE("sharding.matmul.2d_mesh.world4") {
     // tp row-parallel: contracting dim sharded on tp -> Partial on tp.
     expect([&] { return cg::matmul(layout(ctx, mesh, A, {S0, S1}), layout(ctx, mesh, B, {R, S0})); }, {S0, P}, none,
            AB);
-    // The same strategy on every rank (the rule and the costs see global specs only).
+    // The same strategy on every rank (the rule and the costs see global specs only), uneven
+    // shards included (each rank's own pieces differ in size).
     const auto choice = cg::choose_sharding(
-        cg::ops::matmul{}, {{A.shape(), {S1, S0}}, {B.shape(), {S1, R}}}, mesh);
+        cg::ops::matmul{}, {{{5, 7}, {S1, S0}}, {{7, 3}, {S1, R}}}, mesh);
     const auto all = cg::all_gather_tensor(cg::tensor<i64>::from({static_cast<i64>(choice.chosen)}, {1}), 0,
                                            cg::group(mesh))
                          .to_vector();
     for (auto c : all) CHECK(c == static_cast<i64>(choice.chosen));
+  });
+}
+
+TEST_CASE("sharding.nested_and_2d.world4") {
+  run(4, [](cg::rank_context& ctx) {
+    const cg::device_mesh mesh({2, 2}, {"dp", "tp"});
+    const auto X = whole({8, 6}, 1), Y = whole({8, 6}, 2);
+    const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+    auto x = [&](places ps) { return layout(ctx, mesh, X, ps); };
+    // Dim 0 sharded on both mesh dims (nested): reduced, Partial on both.
+    expect([&] { return cg::sum(x({S0, S0}), {0}); }, {P, P}, none, cg::sum(X, {0}));
+    expect([&] { return cg::mean(x({S0, S0}), {0}); }, {cg::partial("avg"), cg::partial("avg")}, none,
+           cg::mean(X, {0}));
+    expect([&] { return x({S0, S1}) + layout(ctx, mesh, Y, {R, R}); }, {S0, S1}, none, cg::eval(X + Y));
+    // On tp: following X's Shard(1) reduce_scatters Y's Partial; following Y's Partial (mul is
+    // linear in it) would gather X. The reduce_scatter (a quarter of the bytes out) is cheaper.
+    expect([&] { return x({S0, S1}) * layout(ctx, mesh, Y, {R, P}); }, {S0, S1}, {{"reduce_scatter", 1}},
+           cg::eval(X * Y));
+    expect([&] { return cg::softmax(x({S0, S1}), 1); }, {S0, R}, {{"all_gather", 1}}, cg::softmax(X, 1));
+    expect([&] { return cg::transpose(x({S0, S1}), 0, 1); }, {S1, S0}, none, X.transpose(0, 1));
+    expect([&] { return cg::reshape(x({S0, S1}), {48}); }, {S0, R}, {{"all_gather", 1}}, X.reshape({48}));
+    const auto g = whole({6}, 3);
+    expect([&] { return cg::layer_norm(x({S0, R}), layout(ctx, mesh, g, {R, R})); }, {S0, R}, none,
+           cg::layer_norm(X, g));
   });
 }
 

@@ -331,6 +331,14 @@ dtensor<T, L> layer_norm(const dtensor<T, L>& x, const std::vector<std::int64_t>
   if (bias) return detail::sharded_call(o, [&](const L& v, const L& b) { return run(v, std::nullopt, b); }, x, *bias);
   return detail::sharded_call(o, [&](const L& v) { return run(v, std::nullopt, std::nullopt); }, x);
 }
+/// layer_norm(x, weight[, bias], eps) on dtensors (API.md's form): over the trailing dims of
+/// weight's shape.
+template <class T, class L>
+dtensor<T, L> layer_norm(const dtensor<T, L>& x, const dtensor<T, L>& weight,
+                         const std::optional<dtensor<T, L>>& bias = std::nullopt, double eps = 1e-5) {
+  return layer_norm(x, std::vector<std::int64_t>(weight.shape().begin(), weight.shape().end()),
+                    std::optional<dtensor<T, L>>(weight), bias, eps);
+}
 /// embedding(indices, weight) on dtensors (sharding_rules::embedding).
 template <class I, class LI, class T, class L>
 dtensor<T, L> embedding(const dtensor<I, LI>& indices, const dtensor<T, L>& weight,
