@@ -354,28 +354,34 @@ TEST_CASE("sharding.traced_equal_to_eager.world2") {
   run(2, [](cg::rank_context& ctx) {
     const cg::device_mesh mesh({2});
     const auto X = whole({4, 6}, 1), W = whole({6, 8}, 2);
+    const auto Bias = whole({8}, 3);
     const auto xl = layout(ctx, mesh, X, {cg::shard(1)}).to_local();
     const auto wl = layout(ctx, mesh, W, {cg::shard(0)}).to_local();
-    auto program = [&](auto x, auto w) {
+    auto program = [&](auto x, auto w, auto b) {
       using T = typename decltype(x)::value_type;
       auto dx = cg::dtensor<T>::from_local(x, mesh, {cg::shard(1)}, {.shape = X.shape()});
       auto dw = cg::dtensor<T>::from_local(w, mesh, {cg::shard(0)}, {.shape = W.shape()});
-      auto h = cg::matmul(dx, dw);            // Partial(sum), no collective
+      auto db = cg::dtensor<T>::from_local(b, mesh, {cg::replicate()});
+      auto h = cg::matmul(dx, dw) + db;       // Partial(sum) plus the bias divided: no collective
+      CHECK(h.placements() == places{cg::partial()});
       auto s = cg::softmax(h * 0.25f, 1);     // the Partial reduced: one all_reduce
       return cg::sum(s, {1}).full_tensor();   // Replicate already
     };
     std::optional<cg::comm_counter> eager_count(std::in_place);
-    const auto eager = program(xl, wl);
+    const auto eager = program(xl, wl, Bias);
     const auto eager_counts = eager_count->counts();
     eager_count.reset();
     CHECK(eager_counts.at("all_reduce") == 1);
     cg::comm_counter traced_count;
-    auto g = cg::trace(program, cg::input<float>(xl.shape()), cg::input<float>(wl.shape()));
+    auto g = cg::trace(program, cg::input<float>(xl.shape()), cg::input<float>(wl.shape()),
+                       cg::input<float>(Bias.shape()));
     CHECK(traced_count.counts() == eager_counts);
+    CHECK(traced_count.total() == 1);
     CHECK(g.count("all_reduce") == 1);
-    const auto want = cg::sum(cg::softmax(cg::eval(cg::matmul(X, W) * 0.25f), 1), {1});
+    g.lint();
+    const auto want = cg::sum(cg::softmax(cg::eval((cg::matmul(X, W) + Bias) * 0.25f), 1), {1});
     check_close(eager, want);
-    check_close(cg::compile(g, ctx)(xl, wl), want);
+    check_close(cg::compile(g, ctx)(xl, wl, Bias), want);
   });
 }
 

@@ -252,7 +252,6 @@ struct reduction {
   static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
     using namespace detail::sharding;
     const dtensor_spec& x = a.in.at(0);
-    const auto nd = static_cast<std::int64_t>(x.shape.size());
     std::vector<bool> reduced(x.shape.size(), o.dims.empty());
     for (auto d : o.dims) reduced[static_cast<std::size_t>(normalize_dim(d, x.shape.size(), O::name.data()))] = true;
     const bool is_mean = O::name == "mean";
@@ -274,7 +273,6 @@ struct reduction {
       } else if (p.is_partial() && linear_partial(p)) {
         opts.push_back({p, {p}});
       }
-      (void)nd;
       add_unique(opts, all_replicate(1));
       return opts;
     });
