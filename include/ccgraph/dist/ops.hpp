@@ -59,8 +59,9 @@ namespace detail {
 /// first rank (coordinate 0: every rank prices the same, so every rank chooses the same);
 /// infinity when it can not be done: Shard -> Partial, a Partial's op changing, Replicate ->
 /// Partial other than sum, or a Shard of a dim smaller than its shards (PyTorch's
-/// is_tensor_shardable).
-inline double redistribute_cost(const cost_model& cm, const device_mesh& mesh, const dtensor_spec& s,
+/// is_tensor_shardable). A template only so that it compiles where it is used.
+template <class CM = cost_model>
+double redistribute_cost(const CM& cm, const device_mesh& mesh, const dtensor_spec& s,
                                 const std::vector<placement>& dst, std::size_t elem_bytes) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   if (s.placements == dst) return 0;

@@ -123,8 +123,10 @@ struct pointwise {
   static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
     return strategies_named(o.fused, a);
   }
-  /// The candidates for the pointwise op `name` on `a`.
-  static std::vector<sharding_strategy> strategies_named(std::string_view name, const sharding_args& a) {
+  /// The candidates for the pointwise op `name` on `a` (a template only so that it compiles
+  /// where it is used, not in every translation unit of the umbrella).
+  template <class A = sharding_args>
+  static std::vector<sharding_strategy> strategies_named(std::string_view name, const A& a) {
     using namespace detail::sharding;
     const auto& in = a.in;
     shape_t common = in.at(0).shape;
@@ -170,8 +172,9 @@ struct pointwise {
 /// Replicate). `extra` inputs (a bias of n) follow the output: Shard(n) with it, Partial(sum)
 /// (a Replicate one divided) with a Partial output, else Replicate.
 struct product_rule {
-  static std::vector<sharding_strategy> make(const sharding_args& a, bool b_transposed, std::size_t extra,
-                                             bool allow_contracting) {
+  /// The candidates (a template only so that it compiles where it is used).
+  template <class A = sharding_args>
+  static std::vector<sharding_strategy> make(const A& a, bool b_transposed, std::size_t extra, bool allow_contracting) {
     using namespace detail::sharding;
     const auto an = static_cast<std::int64_t>(a.in.at(0).shape.size());
     const auto bn = static_cast<std::int64_t>(a.in.at(1).shape.size());
