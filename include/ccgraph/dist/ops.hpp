@@ -158,6 +158,7 @@ void check_same_mesh(std::string_view what, const D0& d0, const D&... ds) {
                   d.mesh().str());
   };
   (one(ds), ...);
+  (void)one;  // no other input
 }
 
 /// The generic dtensor call of op `o`: choose, redistribute each input to the strategy's
@@ -169,8 +170,9 @@ auto sharded_call(const O& o, F&& local, const D0& d0, const D&... ds) {
   check_same_mesh(what, d0, ds...);
   const auto choice = choose_sharding(o, {spec_of(d0), spec_of(ds)...}, d0.mesh(), sizeof(typename D0::value_type));
   const sharding_strategy& s = choice.best();
-  std::size_t i = 0;
-  auto placed = std::tuple{place_for(d0, s.in[i++], what.c_str()), place_for(ds, s.in[i++], what.c_str())...};
+  auto placed = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::tuple{place_for(d0, s.in[0], what.c_str()), place_for(ds, s.in[K + 1], what.c_str())...};
+  }(std::index_sequence_for<D...>{});
   auto out = std::apply([&](const auto&... p) { return as_value(local(p.to_local()...)); }, placed);
   using R = typename decltype(out)::value_type;
   const shape_t shape =
@@ -202,7 +204,7 @@ auto dtensor_op(const O& o, const dtensor<T, L>& x, const D&... xs) {
 /// "div_scalar" too; any other name reduces Partial inputs first).
 template <class F, class T, class L, class... D>
 auto pointwise(std::string_view name, F&& f, const dtensor<T, L>& x, const D&... xs) {
-  const ops::pointwise o{std::string(name), std::string(name)};
+  const ops::pointwise o{std::string(name), std::string(name), nullptr};  // the rule reads the name only
   return detail::sharded_call(o, std::forward<F>(f), x, xs...);
 }
 
