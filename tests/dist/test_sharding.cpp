@@ -177,6 +177,11 @@ TEST_CASE("sharding.matmul.seed_gathers_the_shard1_operand.world2") {
       CHECK(choice.costs[2] < choice.costs[1]);
       CHECK(choice.chosen == 2);
       CHECK(choice.best().in == std::vector<places>{{cg::shard(0)}, {cg::replicate()}});
+      // Deterministic: the same call, and negative shard dims, give the same choice.
+      const auto again = cg::choose_sharding(cg::ops::matmul{}, {{X.shape(), {cg::shard(-2)}}, {Y.shape(), {cg::shard(-1)}}}, mesh);
+      CHECK(again.strategies == choice.strategies);
+      CHECK(again.costs == choice.costs);
+      CHECK(again.chosen == choice.chosen);
       expect([&] { return cg::matmul(x, y); }, {cg::shard(0)}, {{"all_gather", 1}}, cg::matmul(X, Y));
     });
 }

@@ -111,9 +111,14 @@ void require_sharding_rule() {
 /// one taken: the cheapest; among equal costs the first in the rule's order. The rule and
 /// the costs see only global shapes and placements, so every rank takes the same.
 template <class O>
-sharding_choice choose_sharding(const O& o, const std::vector<dtensor_spec>& in, const device_mesh& mesh,
+sharding_choice choose_sharding(const O& o, std::vector<dtensor_spec> in, const device_mesh& mesh,
                                 std::size_t elem_bytes = 4, const cost_model& cm = cost_model{}) {
   detail::require_sharding_rule<O>();
+  for (auto& x : in) {  // the rules read non-negative shard dims, one placement per mesh dim
+    CCGRAPH_CHECK(static_cast<int>(x.placements.size()) == mesh.ndim(), O::name, ": ", x.placements.size(),
+                  " placements ", placements_str(x.placements), " for a ", mesh.ndim(), "-d mesh ", mesh.str());
+    for (auto& p : x.placements) p = p.normalized(x.shape.size(), O::name.data());
+  }
   sharding_choice c;
   if constexpr (!std::is_same_v<typename op_traits<O>::sharding, sharding_todo>) {
     std::vector<int> mesh_shape;
