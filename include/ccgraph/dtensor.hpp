@@ -1,5 +1,6 @@
 // ccgraph/dtensor.hpp: DTensor for ccgraph: placements (shard, replicate, partial), dtensor<T>
-// and its redistributions over a device mesh, and the collective counter. Part of
+// and its redistributions over a device mesh, ops on dtensors with sharding propagation
+// (dist/ops.hpp, dist/sharding.hpp), and the collective counter. Part of
 // <ccgraph/ccgraph.hpp>; alone it serves tensors (tracing dtensors needs the tracer, which the
 // umbrella brings).
 #pragma once
@@ -8,3 +9,5 @@
 #include <ccgraph/dist/placement.hpp>
 #include <ccgraph/dist/redistribute.hpp>
 #include <ccgraph/ops/comm_counter.hpp>
+#include <ccgraph/dist/ops.hpp>
+#include <ccgraph/dist/sharding.hpp>

@@ -408,7 +408,7 @@ struct op_traits<ops::matmul> {
       if (c.needs_grad(1)) c.add_grad(1, back(c.sum_to(matmul(a.transpose(-2, -1), g), b.shape()), 1));
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::matmul;
 };
 
 template <>
@@ -452,7 +452,7 @@ struct op_traits<ops::pointwise> {
     template <class C>
     static void backward(const O& o, C& c) { detail::pointwise_backward(o, c); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::pointwise;
 };
 
 template <>
@@ -501,7 +501,7 @@ struct op_traits<ops::cat> {
       }
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::cat;
 };
 
 template <>
@@ -652,7 +652,7 @@ struct op_traits<ops::reshape> : view_traits_common<ops::reshape, alias_kind::vi
     template <class C>
     static void backward(const ops::reshape&, C& c) { c.add_grad(0, c.grad().reshape(c.input(0).shape())); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::reshape;
 };
 template <>
 struct op_traits<ops::narrow> : view_traits_common<ops::narrow> {
@@ -674,7 +674,7 @@ struct op_traits<ops::transpose> : view_traits_common<ops::transpose> {
     template <class C>
     static void backward(const ops::transpose& o, C& c) { c.add_grad(0, c.grad().transpose(o.dim0, o.dim1)); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::transpose;
 };
 template <>
 struct op_traits<ops::permute> : view_traits_common<ops::permute> {
@@ -691,7 +691,7 @@ struct op_traits<ops::permute> : view_traits_common<ops::permute> {
       c.add_grad(0, g.permute(inv));
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::permute;
 };
 template <>
 struct op_traits<ops::select> : view_traits_common<ops::select> {

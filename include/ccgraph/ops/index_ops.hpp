@@ -452,6 +452,7 @@ struct index_traits_common {
 
 template <>
 struct op_traits<ops::embedding> : detail::index_traits_common {
+  using sharding = sharding_rules::embedding;
   /// embedding_backward: the rows of the gradient summed per looked-up row (the indices carry none).
   struct gradient {
     template <class C>

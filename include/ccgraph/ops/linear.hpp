@@ -198,6 +198,7 @@ struct linear_traits_common {
 
 template <>
 struct op_traits<ops::bmm> : detail::linear_traits_common {
+  using sharding = sharding_rules::bmm;
   /// dA = dC Bᵀ, dB = Aᵀ dC per batch.
   struct gradient {
     template <class C>
@@ -224,6 +225,7 @@ struct op_traits<ops::bmm> : detail::linear_traits_common {
 
 template <>
 struct op_traits<ops::linear> : detail::linear_traits_common {
+  using sharding = sharding_rules::linear;
   /// y = x wᵀ + b: dx = dy w, dw = dyᵀ x over the flattened leading dims, db = dy summed over them.
   /// A fused activation (gelu_tanh) is not differentiated yet: an error.
   struct gradient {

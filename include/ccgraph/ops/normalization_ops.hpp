@@ -171,9 +171,13 @@ void norm_backward_infer_check(const char* what, const std::vector<tensor_meta>&
 }  // namespace detail
 
 template <>
-struct op_traits<ops::softmax> : detail::softmax_op_traits<ops::softmax, false> {};
+struct op_traits<ops::softmax> : detail::softmax_op_traits<ops::softmax, false> {
+  using sharding = sharding_rules::softmax;
+};
 template <>
-struct op_traits<ops::log_softmax> : detail::softmax_op_traits<ops::log_softmax, true> {};
+struct op_traits<ops::log_softmax> : detail::softmax_op_traits<ops::log_softmax, true> {
+  using sharding = sharding_rules::softmax;
+};
 template <>
 struct op_traits<ops::softmax_backward> : detail::softmax_backward_op_traits<ops::softmax_backward, false> {};
 template <>
@@ -181,6 +185,7 @@ struct op_traits<ops::log_softmax_backward> : detail::softmax_backward_op_traits
 
 template <>
 struct op_traits<ops::layer_norm> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::layer_norm;
   /// layer_norm_backward from the saved mean and rstd (the statistics carry no gradient).
   struct gradient {
     template <class C>

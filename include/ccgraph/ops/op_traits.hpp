@@ -143,6 +143,23 @@ struct not_differentiable {};
 struct sharding_todo {
   static constexpr std::string_view reason = "issue 16 (DTensor) gives each op its sharding rule";
 };
+/// The sharding rules ops name in their `sharding` slot: declared here so that op headers stay
+/// light, defined in dist/sharding.hpp (each `static std::vector<sharding_strategy>
+/// strategies(const O&, const sharding_args&)`), read only by dtensor's op dispatch (dist/ops.hpp).
+namespace sharding_rules {
+struct pointwise;
+struct matmul;
+struct bmm;
+struct linear;
+struct reduction;
+struct softmax;
+struct layer_norm;
+struct embedding;
+struct transpose;
+struct permute;
+struct reshape;
+struct cat;
+}  // namespace sharding_rules
 
 namespace detail {
 

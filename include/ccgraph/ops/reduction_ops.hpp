@@ -224,6 +224,7 @@ struct var_backward {
 
 template <>
 struct op_traits<ops::sum> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::reduction;
   /// The gradient broadcast back over the summed dims.
   struct gradient {
     template <class C>
@@ -251,6 +252,7 @@ struct op_traits<ops::sum> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::mean> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::reduction;
   /// The gradient over the count, broadcast back over the averaged dims.
   struct gradient {
     template <class C>
