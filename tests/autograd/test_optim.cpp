@@ -411,4 +411,16 @@ TEST_CASE("optim.errors") {
   e = error_of([] { cg::optim::adamw_state<T>::from_tensors({values({}, 0, 1, 1), values({2}, 0, 1, 1)}); });
   CHECK(contains(e, "from_tensors"));
   CHECK(contains(e, "got 2 tensors"));
+  // in place into a tensor whose rows share memory (stride 0, as an expanded tensor imported
+  // with from_blob has): refused, and the memory is left as it was
+  std::vector<double> row{1, 2, 3, 4};
+  const T shared = cg::from_blob(row.data(), {3, 4}, {0, 1}, [](double*) {});
+  std::vector<T> ps{p[1].clone(), shared};  // the bad one last: nothing may be written before the check
+  const auto before = ps[0].to_vector();
+  std::vector<T> gs{g[1], values({3, 4}, -1, 1, 6)};
+  auto sg = cg::optim::init(ps, cg::optim::sgd_options{});
+  e = error_of([&] { cg::optim::step_(ps, gs, sg, {.lr = 0.1}); });
+  CHECK(contains(e, "optim::step_(sgd): cannot update params[1] (shape [3, 4]) in place: dim 0 has stride 0"));
+  CHECK(row == std::vector<double>{1, 2, 3, 4});
+  CHECK(ps[0].to_vector() == before);
 }

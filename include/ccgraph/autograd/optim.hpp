@@ -279,11 +279,27 @@ step_result<V, adamw_state<V>> step(const std::vector<V>& params, const std::vec
   return detail::adamw(params, grads, state, o, detail::functional{}, "optim::step(adamw)");
 }
 
+namespace detail {
+/// Checks, before anything is written, that every tensor step_ overwrites can take its update:
+/// one whose elements share memory (stride 0 on a dim of several elements, as an expanded
+/// tensor imported with from_blob or DLPack has) would take every write at once.
+template <element T>
+void check_writable(const std::vector<tensor<T>>& xs, std::string_view what, std::string_view name) {
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    for (std::size_t d = 0; d < xs[i].shape().size(); ++d)
+      CCGRAPH_CHECK(xs[i].shape()[d] <= 1 || xs[i].strides()[d] != 0, what, ": cannot update ", name, "[", i,
+                    "] (shape ", shape_str(xs[i].shape()), ") in place: dim ", d,
+                    " has stride 0, so its elements share memory; pass a contiguous copy");
+}
+}  // namespace detail
+
 /// One SGD step in place (eager): each parameter and momentum buffer is overwritten by its
 /// fused update, evaluated straight into its memory (no copy). Same values as step().
 template <element T>
 void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, sgd_state<tensor<T>>& state,
            const sgd_options& o) {
+  detail::check_writable(params, "optim::step_(sgd)", "params");
+  detail::check_writable(state.momentum_buffer, "optim::step_(sgd)", "momentum_buffer");
   detail::sgd(params, grads, state, o, detail::in_place{}, "optim::step_(sgd)");
 }
 
@@ -293,6 +309,9 @@ void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, 
 template <element T>
 void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, adamw_state<tensor<T>>& state,
            const adamw_options& o) {
+  detail::check_writable(params, "optim::step_(adamw)", "params");
+  detail::check_writable(state.exp_avg, "optim::step_(adamw)", "exp_avg");
+  detail::check_writable(state.exp_avg_sq, "optim::step_(adamw)", "exp_avg_sq");
   detail::adamw(params, grads, state, o, detail::in_place{}, "optim::step_(adamw)");
 }
 
