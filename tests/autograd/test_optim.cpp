@@ -27,7 +27,7 @@ using T = cg::tensor<double>;
 using vec = std::vector<double>;
 
 /// A tensor of `shape` with values spread over [lo, hi) (deterministic).
-inline T values(cg::shape_t shape, double lo, double hi, int seed) {
+inline T uniform_values(cg::shape_t shape, double lo, double hi, int seed) {
   const std::int64_t n = cg::numel_of(shape);
   vec v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
@@ -43,10 +43,10 @@ inline std::vector<T> copies(const std::vector<T>& xs) {
 }
 
 /// The parameters of the tests: two of different shapes.
-inline std::vector<T> params0() { return {values({3, 4}, -1, 1, 1), values({4}, -1, 1, 2)}; }
+inline std::vector<T> params0() { return {uniform_values({3, 4}, -1, 1, 1), uniform_values({4}, -1, 1, 2)}; }
 /// The gradients of step `s` (different each step, some negative, some tiny).
 inline std::vector<T> grads_at(int s) {
-  return {values({3, 4}, -0.5, 0.7, 10 + s), values({4}, -1e-3, 2e-3, 20 + s)};
+  return {uniform_values({3, 4}, -0.5, 0.7, 10 + s), uniform_values({4}, -1e-3, 2e-3, 20 + s)};
 }
 constexpr int steps = 5;
 
@@ -227,11 +227,11 @@ struct mlp_loss {
 constexpr std::int64_t in_dim = 3, hidden = 6, out_dim = 2, per_rank = 2, world = 4, train_steps = 4;
 
 /// The whole batch: rows [r * per_rank, (r + 1) * per_rank) are rank r's shard.
-inline T batch_x() { return values({world * per_rank, in_dim}, -1, 1, 101); }
-inline T batch_y() { return values({world * per_rank, out_dim}, -1, 1, 102); }
+inline T batch_x() { return uniform_values({world * per_rank, in_dim}, -1, 1, 101); }
+inline T batch_y() { return uniform_values({world * per_rank, out_dim}, -1, 1, 102); }
 inline std::vector<T> mlp_params() {
-  return {values({hidden, in_dim}, -0.8, 0.8, 111), values({hidden}, -0.2, 0.2, 112),
-          values({out_dim, hidden}, -0.8, 0.8, 113), values({out_dim}, -0.2, 0.2, 114)};
+  return {uniform_values({hidden, in_dim}, -0.8, 0.8, 111), uniform_values({hidden}, -0.2, 0.2, 112),
+          uniform_values({out_dim, hidden}, -0.8, 0.8, 113), uniform_values({out_dim}, -0.2, 0.2, 114)};
 }
 
 /// One data-parallel training step traced as one graph of (x, y, w1, b1, w2, b2, state...):
@@ -380,7 +380,7 @@ TEST_CASE("optim.errors") {
   auto g = grads_at(0);
   auto sgd = cg::optim::init(p, cg::optim::sgd_options{.momentum = 0.9});
   // a gradient of the wrong shape
-  std::vector<T> bad{g[0], values({5}, -1, 1, 3)};
+  std::vector<T> bad{g[0], uniform_values({5}, -1, 1, 3)};
   std::string e = error_of([&] { cg::optim::step(p, bad, sgd, {.momentum = 0.9}); });
   CHECK(contains(e, "optim::step(sgd)"));
   CHECK(contains(e, "grads[1] has shape [5]"));
@@ -401,14 +401,14 @@ TEST_CASE("optim.errors") {
   e = error_of([&] { cg::optim::step(p, g, ad, {.beta2 = 1.0}); });
   CHECK(contains(e, "optim::step(adamw): beta2 must be in [0, 1), got 1"));
   auto other = ad;
-  other.exp_avg_sq[0] = values({4, 3}, -1, 1, 4);
+  other.exp_avg_sq[0] = uniform_values({4, 3}, -1, 1, 4);
   e = error_of([&] { cg::optim::step_(p, g, other, {}); });
   CHECK(contains(e, "exp_avg_sq[0] has shape [4, 3] but params[0] has shape [3, 4]"));
   other = ad;
-  other.step = values({1}, 0, 1, 5);
+  other.step = uniform_values({1}, 0, 1, 5);
   e = error_of([&] { cg::optim::step(p, g, other, {}); });
   CHECK(contains(e, "step must be 0-d, got shape [1]"));
-  e = error_of([] { cg::optim::adamw_state<T>::from_tensors({values({}, 0, 1, 1), values({2}, 0, 1, 1)}); });
+  e = error_of([] { cg::optim::adamw_state<T>::from_tensors({uniform_values({}, 0, 1, 1), uniform_values({2}, 0, 1, 1)}); });
   CHECK(contains(e, "from_tensors"));
   CHECK(contains(e, "got 2 tensors"));
   // in place into a tensor whose rows share memory (stride 0, as an expanded tensor imported
@@ -417,7 +417,7 @@ TEST_CASE("optim.errors") {
   const T shared = cg::from_blob(row.data(), {3, 4}, {0, 1}, [](double*) {});
   std::vector<T> ps{p[1].clone(), shared};  // the bad one last: nothing may be written before the check
   const auto before = ps[0].to_vector();
-  std::vector<T> gs{g[1], values({3, 4}, -1, 1, 6)};
+  std::vector<T> gs{g[1], uniform_values({3, 4}, -1, 1, 6)};
   auto sg = cg::optim::init(ps, cg::optim::sgd_options{});
   e = error_of([&] { cg::optim::step_(ps, gs, sg, {.lr = 0.1}); });
   CHECK(contains(e, "optim::step_(sgd): cannot update params[1] (shape [3, 4]) in place: dim 0 has stride 0"));
