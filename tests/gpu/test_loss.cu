@@ -2,7 +2,8 @@
 // on the same inputs: class counts from 1 to a large vocabulary (16-byte and element loads,
 // groups of every size), spatial dims, unbatched inputs, reductions none / mean / sum, class
 // weights, ignore_index, label smoothing, and bad targets (NaN result, the first bad position
-// reported, the CPU's error raised from it). Cases are skipped without a GPU.
+// reported, the CPU's error raised from it; without that report, as in the graph ops, the
+// kernel traps: checked in a child process). Cases are skipped without a GPU.
 #include <ccgraph/cuda.hpp>
 
 #include <doctest/doctest.h>
@@ -12,9 +13,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 // One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
 namespace gpu_test_loss {
@@ -144,6 +150,42 @@ GPU_TEST_CASE("cuda.cross_entropy.bad_targets") {
     CHECK(bad.cpu().item() == -1);
     CHECK_NOTHROW(cd::cross_entropy_raise_bad_target(bad, ok, 10));
   }
+}
+
+// The graph op (eager here; a CUDA Graph replays the same kernel) has no bad_target to fill: an
+// out-of-range target must stop the kernel with the target and its position, not return a NaN
+// loss. A trap poisons the CUDA context, so a child process (this binary, this case alone) runs
+// it, and the parent checks that it failed and what it printed.
+GPU_TEST_CASE("cuda.cross_entropy.graph_op_bad_target_traps") {
+  const cg::device gpu = cg::device::cuda(0);
+  const auto bad = cg::tensor<i64>::from({1, 7, 2, 3}, {4});  // 7 classes: target 7 at position 1
+  const auto good = cg::tensor<i64>::from({1, 6, 2, 3}, {4});
+  const auto x = rnd<float>({4, 7}, 5).to(gpu);
+  if (std::getenv("CCGRAPH_TEST_TRAP_CHILD")) {
+    const auto loss = cg::cross_entropy(x, bad.to(gpu), std::nullopt, -100, cg::loss_reduction::mean);
+    std::printf("child: loss %f (the kernel did not stop)\n", static_cast<double>(loss.cpu().item()));
+    std::exit(0);  // the parent's check fails on this exit status
+  }
+  // A valid target first: the same call runs and matches the CPU.
+  const auto ok = cg::cross_entropy(x, good.to(gpu), std::nullopt, -100, cg::loss_reduction::mean).cpu().item();
+  CHECK(ok == doctest::Approx(cg::cross_entropy(x.cpu(), good, std::nullopt, -100, cg::loss_reduction::mean).item()));
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(n > 0);
+  self[n] = 0;
+  const std::string cmd = std::string("CCGRAPH_TEST_TRAP_CHILD=1 '") + self +
+                          "' --test-case=cuda.cross_entropy.graph_op_bad_target_traps --no-intro 2>&1";
+  FILE* child = popen(cmd.c_str(), "r");
+  REQUIRE(child != nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), child)) out += buf;
+  const int status = pclose(child);
+  INFO("child output:\n", out);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK(out.find("ccgraph cross_entropy: target 7 at position 1 is out of bounds for 7 classes") != std::string::npos);
+  CHECK(out.find("did not stop") == std::string::npos);
 }
 
 }  // namespace gpu_loss_tests

@@ -8,10 +8,13 @@
 // with the deterministic column reduction of <ccgraph/cuda/reduction.cuh>.
 // Backward: one pass, logits in, gradient out, from the saved logsumexp.
 //
-// A target that is neither a class nor ignore_index cannot throw from a kernel: its loss (or
-// gradient row) is NaN, and when the caller passes `bad_target` (a device i64 tensor of one
-// element) it receives the first such position (-1: none); cross_entropy_raise_bad_target turns
-// that into the CPU kernel's error.
+// A target that is neither a class nor ignore_index cannot throw from a kernel. When the caller
+// passes `bad_target` (a device i64 tensor of one element) it receives the first such position
+// (-1: none), the position's loss (or gradient row) is NaN, and cross_entropy_raise_bad_target
+// turns that into the CPU kernel's error. Without it (the graph ops, eager or in a CUDA Graph,
+// where reading it back would wait for the kernel) the kernel prints the target and traps, as
+// the index ops do and as PyTorch's device-side assert does: a NaN loss nobody asked about would
+// be a silent wrong result.
 //
 // Compile with nvcc: this header defines __global__ functions.
 #pragma once
@@ -28,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <type_traits>
 
@@ -47,6 +51,19 @@ struct ce_params {
   std::int64_t positions, classes, inner, ignore_index;
   A ls;                             // label smoothing
 };
+
+/// A target out of bounds (see the top of this file): flagged in `bad` when the caller reads it
+/// back, else reported and the kernel stopped.
+__device__ __noinline__ inline void ce_bad_target(unsigned long long* bad, std::int64_t i, std::int64_t t,
+                                                  std::int64_t classes) {
+  if (bad) {
+    atomicMin(bad, static_cast<unsigned long long>(i));
+    return;
+  }
+  printf("ccgraph cross_entropy: target %lld at position %lld is out of bounds for %lld classes\n",
+         static_cast<long long>(t), static_cast<long long>(i), static_cast<long long>(classes));
+  __trap();
+}
 
 /// A position's online statistics: log-sum-exp state and sum_c w[c] * x[c] (label smoothing).
 template <class A>
@@ -71,7 +88,7 @@ __device__ __forceinline__ void ce_finish(const ce_params<T, A>& p, std::int64_t
   A li = 0, wt = 0;
   if (t != p.ignore_index) {
     if (t < 0 || t >= p.classes) {
-      if (p.bad) atomicMin(p.bad, static_cast<unsigned long long>(i));
+      ce_bad_target(p.bad, i, t, p.classes);
       li = wt = std::numeric_limits<A>::quiet_NaN();
     } else {
       wt = p.weight ? static_cast<A>(to_acc(p.weight[t])) : A(1);
@@ -222,7 +239,7 @@ __device__ __forceinline__ int ce_position_factors(const ce_backward_params<T, A
   t = p.target[i];
   if (t == p.ignore_index) return 0;
   if (t < 0 || t >= p.classes) {
-    if (p.bad) atomicMin(p.bad, static_cast<unsigned long long>(i));
+    ce_bad_target(p.bad, i, t, p.classes);
     return -1;
   }
   gi = p.per_position ? static_cast<A>(to_acc(p.grad[i])) : static_cast<A>(to_acc(p.grad[0]));
@@ -469,7 +486,7 @@ void cross_entropy_backward_cuda(const tensor<T>& grad, const tensor<T>& input, 
 }  // namespace ccgraph::detail
 
 // The graph ops' CUDA runs (ops/loss_ops.hpp); CCGRAPH_CUDA_IMPL_VIA: cuda/reduction.cuh. An
-// out-of-range target gives NaN here (no bad_target: reading it would wait for the kernel).
+// out-of-range target traps here (no bad_target: reading it would wait for the kernel).
 namespace ccgraph {
 CCGRAPH_CUDA_IMPL_VIA(cross_entropy, detail::cross_entropy_cuda)
 CCGRAPH_CUDA_IMPL_VIA(cross_entropy_backward, detail::cross_entropy_backward_cuda)
