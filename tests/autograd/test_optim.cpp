@@ -15,6 +15,7 @@
 
 #include <ccgraph/ccgraph.hpp>  // includes autograd/optim.hpp
 
+#include "autograd/dp_mlp.hpp"
 #include "support.hpp"
 
 namespace cg = ccgraph;
@@ -22,6 +23,10 @@ using ccgraph_test::contains;
 using ccgraph_test::error_of;
 
 namespace optim_test {
+
+using ccgraph_test::dp::dp_train_step;
+using ccgraph_test::dp::mlp_loss;
+using ccgraph_test::dp::state_of;
 
 using T = cg::tensor<double>;
 using vec = std::vector<double>;
@@ -116,18 +121,6 @@ inline void check_equal(const std::vector<T>& a, const std::vector<T>& b) {
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].to_vector() == b[i].to_vector());
 }
 
-/// The state type for value type V of a state S of tensors.
-template <class S, class V>
-struct state_of;
-template <class W, class V>
-struct state_of<cg::optim::sgd_state<W>, V> {
-  using type = cg::optim::sgd_state<V>;
-};
-template <class W, class V>
-struct state_of<cg::optim::adamw_state<W>, V> {
-  using type = cg::optim::adamw_state<V>;
-};
-
 /// The optimizer's step traced as one graph of (p0, p1, g0, g1, state...) returning the new
 /// parameters then the new state's tensors.
 template <class State, class Opt>
@@ -214,16 +207,6 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
 
 // ---- data-parallel training of a small MLP ----------------------------------------------------
 
-/// The MLP's loss on a batch: mse of linear(tanh(linear(x, w1, b1)), w2, b2) against y.
-struct mlp_loss {
-  template <class V>
-  auto operator()(const V& x, const V& y, const V& w1, const V& b1, const V& w2, const V& b2) const {
-    const V h = cg::tanh(cg::linear(x, w1, b1));
-    const V d = cg::linear(h, w2, b2) - y;
-    return cg::mean(d * d);
-  }
-};
-
 constexpr std::int64_t in_dim = 3, hidden = 6, out_dim = 2, per_rank = 2, world = 4, train_steps = 4;
 
 /// The whole batch: rows [r * per_rank, (r + 1) * per_rank) are rank r's shard.
@@ -232,26 +215,6 @@ inline T batch_y() { return uniform_values({world * per_rank, out_dim}, -1, 1, 1
 inline std::vector<T> mlp_params() {
   return {uniform_values({hidden, in_dim}, -0.8, 0.8, 111), uniform_values({hidden}, -0.2, 0.2, 112),
           uniform_values({out_dim, hidden}, -0.8, 0.8, 113), uniform_values({out_dim}, -0.2, 0.2, 114)};
-}
-
-/// One data-parallel training step traced as one graph of (x, y, w1, b1, w2, b2, state...):
-/// forward, backward, the gradients all_reduced (avg) over `g`, the optimizer. Returns the
-/// global loss (the local one averaged), the new parameters and the new state's tensors.
-template <class State, class Opt>
-auto dp_train_step(Opt o, cg::group g) {
-  return [o, g](const auto& x, const auto& y, const auto& w1, const auto& b1, const auto& w2, const auto& b2,
-                const auto&... st) {
-    using V = std::decay_t<decltype(x)>;
-    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
-    std::vector<V> grads;
-    for (const V& gr : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(gr, "avg", g));
-    const auto r = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
-                                   state_of<State, V>::type::from_tensors({st...}), o);
-    std::vector<V> out{cg::all_reduce(loss, "avg", g)};
-    for (const V& p : r.params) out.push_back(p);
-    for (const V& t : r.state.tensors()) out.push_back(t);
-    return out;
-  };
 }
 
 /// Trains `train_steps` steps on `world` ranks (each its shard, the traced step through

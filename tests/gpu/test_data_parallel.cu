@@ -1,0 +1,109 @@
+// Data-parallel training of a small MLP on 2 GPUs (issue 15 item 4): each GPU trains on its half
+// of the batch; the whole step (forward, backward, the gradients all_reduced (avg) over NCCL,
+// the optimizer) is traced once, scheduled for overlap and replayed as one CUDA Graph per step.
+// Every step's loss and parameters on every GPU must equal one rank training on the whole batch
+// on the CPU, within float rounding (the GPU sums in other orders). Skipped without 2 GPUs.
+#include <ccgraph/cuda.hpp>
+
+#include <doctest/doctest.h>
+
+#include "../autograd/dp_mlp.hpp"
+#include "gpu_test.hpp"
+#include "op_test.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// One namespace per file: the GPU test files compile in unity batches (tests/CMakeLists.txt).
+namespace gpu_test_data_parallel {
+
+namespace cg = ccgraph;
+using namespace ccgraph_test;
+using ccgraph_test::dp::dp_train_step;
+using ccgraph_test::dp::mlp_loss;
+
+using T = cg::tensor<float>;
+constexpr std::int64_t in_dim = 16, hidden = 32, out_dim = 8, per_rank = 4, train_steps = 5;
+constexpr double tol = 1e-4;
+
+/// The MLP's parameters (w1, b1, w2, b2), the same on every rank.
+std::vector<T> mlp_params() {
+  return {cg::uniform<float>({hidden, in_dim}, -0.5, 0.5, 211), cg::uniform<float>({hidden}, -0.1, 0.1, 212),
+          cg::uniform<float>({out_dim, hidden}, -0.5, 0.5, 213), cg::uniform<float>({out_dim}, -0.1, 0.1, 214)};
+}
+
+/// Deep copies (the in-place reference step must not write the tensors the GPUs start from).
+std::vector<T> copies(const std::vector<T>& xs) {
+  std::vector<T> out;
+  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
+  return out;
+}
+
+/// Trains on `world` GPUs and checks each step against one CPU rank on the whole batch.
+template <std::size_t StateTensors, class Opt>
+void check_data_parallel(const Opt& o, int world) {
+  const T x = cg::uniform<float>({world * per_rank, in_dim}, -1, 1, 201);
+  const T y = cg::uniform<float>({world * per_rank, out_dim}, -1, 1, 202);
+  // One rank, the concatenated batch: value_and_grad then the in-place step.
+  std::vector<float> ref_loss;
+  std::vector<std::vector<T>> ref_params;
+  {
+    std::vector<T> p = copies(mlp_params());
+    auto st = cg::optim::init(p, o);
+    for (int s = 0; s < train_steps; ++s) {
+      auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
+      cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
+      ref_loss.push_back(loss.to_vector().at(0));
+      ref_params.push_back(copies(p));
+    }
+    REQUIRE(ref_loss.back() < ref_loss.front());  // it trains
+  }
+  using State = decltype(cg::optim::init(std::vector<T>{}, o));
+  constexpr std::size_t n = 6 + StateTensors;
+  cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
+    const int r = ctx.rank();
+    const T xd = x.narrow(0, r * per_rank, per_rank).contiguous().cuda(r);
+    const T yd = y.narrow(0, r * per_rank, per_rank).contiguous().cuda(r);
+    auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return cg::compile_function<std::conditional_t<(I < n), float, void>...>(
+          dp_train_step<State>(o, ctx.world()), ctx,
+          {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = {.cuda_graph = true}});
+    }(std::make_index_sequence<n>{});
+    std::vector<T> p;
+    for (const T& w : mlp_params()) p.push_back(w.cuda(r));
+    std::vector<T> st = cg::optim::init(p, o).tensors();
+    REQUIRE(st.size() == StateTensors);
+    for (int s = 0; s < train_steps; ++s) {
+      std::vector<T> args{xd, yd};
+      args.insert(args.end(), p.begin(), p.end());
+      args.insert(args.end(), st.begin(), st.end());
+      const std::vector<T> out = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return step(args[I]...);
+      }(std::make_index_sequence<n>{});
+      REQUIRE(out.size() == 5 + StateTensors);
+      p.assign(out.begin() + 1, out.begin() + 5);
+      st.assign(out.begin() + 5, out.end());
+      const std::string where = "rank " + std::to_string(r) + ", step " + std::to_string(s);
+      CHECK(out[0].device().is_cuda());
+      CHECK_MESSAGE(out[0].cpu().to_vector().at(0) ==
+                        doctest::Approx(ref_loss[static_cast<std::size_t>(s)]).epsilon(tol),
+                    where, ": loss");
+      for (std::size_t i = 0; i < p.size(); ++i)
+        check_close(p[i], ref_params[static_cast<std::size_t>(s)][i], tol, tol,
+                    where + ": parameter " + std::to_string(i));
+    }
+  });
+}
+
+GPUS_TEST_CASE("gpu.data_parallel.mlp_sgd_momentum.2_gpus", 2) {
+  check_data_parallel<4>(cg::optim::sgd_options{.lr = 0.2, .momentum = 0.9, .weight_decay = 1e-3}, 2);
+}
+
+GPUS_TEST_CASE("gpu.data_parallel.mlp_adamw.2_gpus", 2) {
+  check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.01, .weight_decay = 0.05}, 2);
+}
+
+}  // namespace gpu_test_data_parallel
