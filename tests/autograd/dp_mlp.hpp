@@ -54,4 +54,35 @@ auto dp_train_step(Opt o, cg::group g) {
   };
 }
 
+/// Deep copies of tensors (an in-place step must not write what another run starts from).
+template <class T>
+std::vector<T> deep_copies(const std::vector<T>& xs) {
+  std::vector<T> out;
+  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
+  return out;
+}
+
+/// Each step's loss and parameters of train_one_rank.
+template <class T>
+struct reference_run {
+  std::vector<double> loss;
+  std::vector<std::vector<T>> params;
+};
+/// One rank training on the whole batch, eagerly on CPU tensors: value_and_grad of mlp_loss,
+/// then the in-place step, `steps` times from `params` (copied). What every data-parallel rank
+/// must match step by step.
+template <class T, class Opt>
+reference_run<T> train_one_rank(const T& x, const T& y, const std::vector<T>& params, const Opt& o, int steps) {
+  reference_run<T> ref;
+  std::vector<T> p = deep_copies(params);
+  auto st = cg::optim::init(p, o);
+  for (int s = 0; s < steps; ++s) {
+    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
+    cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
+    ref.loss.push_back(static_cast<double>(loss.to_vector().at(0)));
+    ref.params.push_back(deep_copies(p));
+  }
+  return ref;
+}
+
 }  // namespace ccgraph_test::dp

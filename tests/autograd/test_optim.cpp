@@ -24,6 +24,7 @@ using ccgraph_test::error_of;
 
 namespace optim_test {
 
+using ccgraph_test::dp::deep_copies;
 using ccgraph_test::dp::dp_train_step;
 using ccgraph_test::dp::mlp_loss;
 using ccgraph_test::dp::state_of;
@@ -38,13 +39,6 @@ inline T uniform_values(cg::shape_t shape, double lo, double hi, int seed) {
   for (std::int64_t i = 0; i < n; ++i)
     v[static_cast<std::size_t>(i)] = lo + (hi - lo) * std::fmod(0.6180339887 * double(i * 7 + seed * 13 + 3), 1.0);
   return T::from(v, shape);
-}
-
-/// Deep copies (the in-place step must not write the tensors the other runs start from).
-inline std::vector<T> copies(const std::vector<T>& xs) {
-  std::vector<T> out;
-  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
-  return out;
 }
 
 /// The parameters of the tests: two of different shapes.
@@ -157,16 +151,16 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
   // eager, functional
   std::vector<T> p = params0();
   auto st = cg::optim::init(p, o);
-  const std::vector<T> p_start = copies(p);
+  const std::vector<T> p_start = deep_copies(p);
   for (int s = 0; s < steps; ++s) {
-    const auto before = copies(p);
+    const auto before = deep_copies(p);
     auto r = cg::optim::step(p, grads_at(s), st, o);
     check_equal(p, before);  // functional: the inputs are not written
     p = r.params;
     st = r.state;
   }
   // eager, in place: the same tensors are updated
-  std::vector<T> q = copies(p_start);
+  std::vector<T> q = deep_copies(p_start);
   auto qs = cg::optim::init(q, o);
   const double* q0 = q[0].data();
   for (int s = 0; s < steps; ++s) cg::optim::step_(q, grads_at(s), qs, o);
@@ -179,7 +173,7 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
     auto fn = traced_step<State>(o);
     constexpr std::size_t n = 4 + StateTensors;
     auto cf = compile_n<n>(fn, ctx);
-    std::vector<T> tp = copies(p_start);
+    std::vector<T> tp = deep_copies(p_start);
     auto ts = cg::optim::init(tp, o);
     std::vector<T> tst = ts.tensors();
     REQUIRE(tst.size() == StateTensors);
@@ -224,20 +218,10 @@ inline std::vector<T> mlp_params() {
 template <std::size_t StateTensors, class Opt>
 void check_data_parallel(const Opt& o) {
   // one rank, the concatenated batch
-  std::vector<double> ref_loss;
-  std::vector<std::vector<T>> ref_params;
-  {
-    std::vector<T> p = copies(mlp_params());
-    auto st = cg::optim::init(p, o);
-    const T x = batch_x(), y = batch_y();
-    for (int s = 0; s < train_steps; ++s) {
-      auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
-      cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
-      ref_loss.push_back(loss.to_vector().at(0));
-      ref_params.push_back(copies(p));
-    }
-    CHECK(ref_loss.back() < ref_loss.front());  // it trains
-  }
+  const auto ref = ccgraph_test::dp::train_one_rank(batch_x(), batch_y(), mlp_params(), o, train_steps);
+  const std::vector<double>& ref_loss = ref.loss;
+  const std::vector<std::vector<T>>& ref_params = ref.params;
+  CHECK(ref_loss.back() < ref_loss.front());  // it trains
   using State = decltype(cg::optim::init(std::vector<T>{}, o));
   ccgraph_test::run(world, [&](cg::rank_context& ctx) {
     const auto r = ctx.rank();

@@ -35,32 +35,16 @@ std::vector<T> mlp_params() {
           cg::uniform<float>({out_dim, hidden}, -0.5, 0.5, 213), cg::uniform<float>({out_dim}, -0.1, 0.1, 214)};
 }
 
-/// Deep copies (the in-place reference step must not write the tensors the GPUs start from).
-std::vector<T> copies(const std::vector<T>& xs) {
-  std::vector<T> out;
-  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
-  return out;
-}
-
 /// Trains on `world` GPUs and checks each step against one CPU rank on the whole batch.
 template <std::size_t StateTensors, class Opt>
 void check_data_parallel(const Opt& o, int world) {
   const T x = cg::uniform<float>({world * per_rank, in_dim}, -1, 1, 201);
   const T y = cg::uniform<float>({world * per_rank, out_dim}, -1, 1, 202);
-  // One rank, the concatenated batch: value_and_grad then the in-place step.
-  std::vector<float> ref_loss;
-  std::vector<std::vector<T>> ref_params;
-  {
-    std::vector<T> p = copies(mlp_params());
-    auto st = cg::optim::init(p, o);
-    for (int s = 0; s < train_steps; ++s) {
-      auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
-      cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
-      ref_loss.push_back(loss.to_vector().at(0));
-      ref_params.push_back(copies(p));
-    }
-    REQUIRE(ref_loss.back() < ref_loss.front());  // it trains
-  }
+  // One rank on the CPU, the concatenated batch: value_and_grad then the in-place step.
+  const auto ref = ccgraph_test::dp::train_one_rank(x, y, mlp_params(), o, train_steps);
+  const std::vector<double>& ref_loss = ref.loss;
+  const std::vector<std::vector<T>>& ref_params = ref.params;
+  REQUIRE(ref_loss.back() < ref_loss.front());  // it trains
   using State = decltype(cg::optim::init(std::vector<T>{}, o));
   constexpr std::size_t n = 6 + StateTensors;
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
