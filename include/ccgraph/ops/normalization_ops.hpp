@@ -232,6 +232,7 @@ struct op_traits<ops::layer_norm> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::rms_norm> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::layer_norm;
   /// rms_norm_backward from the saved rstd (which carries no gradient).
   struct gradient {
     template <class C>
