@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -410,15 +411,17 @@ TEST_CASE("sharding.op_without_rule_is_an_error.world2") {
 
 namespace test_sharding_rules {
 
-/// One input: its whole tensor and the placements it is laid out as.
+/// One input: its whole tensor, the placements it is laid out as, and the test line naming it
+/// (shown with a failure).
 template <class T>
 struct in {
   cg::tensor<T> full;
   places ps;
+  unsigned line;
 };
 template <class T>
-in<T> at(const cg::tensor<T>& full, places ps) {
-  return {full, std::move(ps)};
+in<T> at(const cg::tensor<T>& full, places ps, std::source_location loc = std::source_location::current()) {
+  return {full, std::move(ps), static_cast<unsigned>(loc.line())};
 }
 
 /// A whole tensor of `shape` whose elements are distinct integers (no ties for max/argmax).
@@ -452,6 +455,8 @@ void same_values(const cg::tensor<U>& got, const cg::tensor<U>& want) {
 template <class F, class U, class... T>
 void both(cg::rank_context& ctx, const cg::device_mesh& mesh, F&& op, const places& out,
           const cg::tensor<U>& want, const in<T>&... ins) {
+  const unsigned line = (ins.line, ...);
+  INFO("the case at line ", line);
   {
     const auto r = op(layout(ctx, mesh, ins.full, ins.ps)...);
     CHECK(cg::placements_str(r.placements()) == cg::placements_str(out));
@@ -507,6 +512,7 @@ TEST_CASE("sharding.views.unsqueeze_squeeze_contiguous_repeat.world2_world4") {
       both(ctx, mesh, unsq(0), {S2}, X.unsqueeze(0), at(X, {S1}));
       both(ctx, mesh, unsq(1), {S0}, X.unsqueeze(1), at(X, {S0}));
       both(ctx, mesh, unsq(-1), {S1}, X.unsqueeze(2), at(X, {S1}));
+      both(ctx, mesh, unsq(1), {S2}, X.unsqueeze(1), at(X, {S1}));               // at the Shard's own dim
       both(ctx, mesh, unsq(1), {P}, X.unsqueeze(1), at(X, {P}));
       auto sq = [](i64 d) { return [=](const auto& x) { return cg::squeeze(x, d); }; };
       both(ctx, mesh, sq(1), {S1}, cg::squeeze(Y, 1), at(Y, {S2}));               // later Shard moves down
@@ -517,6 +523,7 @@ TEST_CASE("sharding.views.unsqueeze_squeeze_contiguous_repeat.world2_world4") {
       auto cont = [](const auto& x) { return cg::contiguous(cg::transpose(x, 0, 1)); };
       both(ctx, mesh, cont, {S1}, X.transpose(0, 1).contiguous(), at(X, {S0}));
       both(ctx, mesh, cont, {P}, X.transpose(0, 1).contiguous(), at(X, {P}));
+      both(ctx, mesh, [](const auto& x) { return cg::contiguous(x); }, {S0}, X, at(X, {S0}));
       auto rep = [](std::vector<i64> r) { return [=](const auto& x) { return cg::repeat(x, r); }; };
       both(ctx, mesh, rep({1, 2}), {S0}, X.repeat({1, 2}), at(X, {S0}));          // dim 0 not repeated
       both(ctx, mesh, rep({1, 2}), {R}, X.repeat({1, 2}), at(X, {S1}));           // repeated: gathered
@@ -638,6 +645,27 @@ TEST_CASE("sharding.rms_norm.world2_world4") {
       both(ctx, mesh, rn, {S0}, want, at(X, {S0}), at(W, {S0}));  // the weight gathered
       both(ctx, mesh, rn, {R}, want, at(X, {P}), at(W, {R}));     // a Partial reduced
       both(ctx, mesh, [](const auto& x) { return cg::rms_norm(x, {6}); }, {S0}, cg::rms_norm(X, {6}), at(X, {S0}));
+    });
+}
+
+TEST_CASE("sharding.softmax_backward.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = cg::eval(whole({5, 6}, 1) * 0.25f), G = whole({5, 6}, 2);
+      const auto Y = cg::softmax(X, 1), LY = cg::log_softmax(X, 1);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      auto sb = [](i64 d) { return [=](const auto& g, const auto& y) { return cg::softmax_backward(g, y, d); }; };
+      const auto want = cg::softmax_backward(G, Y, 1);
+      both(ctx, mesh, sb(1), {S0}, want, at(G, {S0}), at(Y, {S0}));
+      both(ctx, mesh, sb(1), {S0}, want, at(G, {R}), at(Y, {S0}));   // the output has more shards
+      both(ctx, mesh, sb(-1), {R}, want, at(G, {S1}), at(Y, {R}));   // `dim` gathered
+      both(ctx, mesh, sb(1), {R}, want, at(G, {P}), at(Y, {R}));     // a Partial reduced
+      both(ctx, mesh, sb(0), {S1}, cg::softmax_backward(G, cg::softmax(X, 0), 0), at(G, {S1}),
+           at(cg::softmax(X, 0), {S0}));                             // a tie: grad's, y gathered
+      both(ctx, mesh, [](const auto& g, const auto& y) { return cg::log_softmax_backward(g, y, 1); }, {S0},
+           cg::log_softmax_backward(G, LY, 1), at(G, {S0}), at(LY, {R}));
     });
 }
 

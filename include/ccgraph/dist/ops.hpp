@@ -388,6 +388,20 @@ template <class T, class L>
 dtensor<T, L> log_softmax(const dtensor<T, L>& x, std::int64_t dim) {
   return detail::sharded_call(ops::log_softmax{dim}, [dim](const L& v) { return log_softmax(v, dim); }, x);
 }
+/// softmax's gradient on dtensors (sharding_rules::softmax_backward): grad and output laid out
+/// as the more sharded of them, `dim` whole.
+template <class T, class L>
+dtensor<T, L> softmax_backward(const dtensor<T, L>& grad, const dtensor<T, L>& output, std::int64_t dim) {
+  return detail::sharded_call(
+      ops::softmax_backward{dim}, [dim](const L& g, const L& y) { return softmax_backward(g, y, dim); }, grad, output);
+}
+/// log_softmax's gradient on dtensors: as softmax_backward.
+template <class T, class L>
+dtensor<T, L> log_softmax_backward(const dtensor<T, L>& grad, const dtensor<T, L>& output, std::int64_t dim) {
+  return detail::sharded_call(
+      ops::log_softmax_backward{dim}, [dim](const L& g, const L& y) { return log_softmax_backward(g, y, dim); }, grad,
+      output);
+}
 /// layer_norm's output on dtensors (F.layer_norm): the normalized dims whole, weight and bias
 /// Replicate (sharding_rules::layer_norm).
 template <class T, class L>

@@ -414,6 +414,32 @@ struct softmax {
   }
 };
 
+/// softmax_backward / log_softmax_backward(grad, output) along `dim` (PyTorch's
+/// softmax_backward_strategy): both inputs and the result follow the placements of whichever
+/// input has more shards (grad on a tie), with `dim` whole and Partials reduced; then
+/// all-Replicate.
+struct softmax_backward {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const dtensor_spec& g = a.in.at(0);
+    const dtensor_spec& y = a.in.at(1);
+    const std::int64_t dim = normalize_dim(o.dim, g.shape.size(), O::name.data());
+    auto shards = [&](const dtensor_spec& s) {
+      std::int64_t n = 1;
+      for (std::size_t m = 0; m < s.placements.size(); ++m)
+        if (s.placements[m].is_shard()) n *= a.mesh_shape[m];
+      return n;
+    };
+    std::vector<placement> t;
+    for (const auto& p : (shards(g) >= shards(y) ? g : y).placements)
+      t.push_back(p.is_partial() || p.is_shard(dim) ? replicate() : p);
+    std::vector<sharding_strategy> out{{t, {t, t}}};
+    const std::vector<placement> r(t.size(), replicate());
+    if (t != r) out.push_back({r, {r, r}});
+    return out;
+  }
+};
+
 /// layer_norm over the last `normalized_shape.size()` dims (PyTorch's layer_norm_strategy): x
 /// keeps a Shard of a leading dim, the normalized dims must be whole (Replicate, a Partial
 /// reduced); weight and bias Replicate. The output (and its statistics) lie as x.

@@ -153,6 +153,7 @@ struct bmm;
 struct linear;
 struct reduction;
 struct softmax;
+struct softmax_backward;
 struct layer_norm;
 struct embedding;
 struct transpose;
