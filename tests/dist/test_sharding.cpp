@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -394,11 +395,412 @@ TEST_CASE("sharding.op_without_rule_is_an_error.world2") {
   run(2, [](cg::rank_context& ctx) {
     const cg::device_mesh mesh({2});
     const auto x = layout(ctx, mesh, whole({4, 6}), {cg::shard(0)});
-    CHECK_THROWS_WITH_AS(cg::dtensor_op(cg::ops::var{{0}, 1.0, false}, x),
-                         doctest::Contains("var: no sharding rule for dtensor inputs yet"), cg::error);
+    CHECK_THROWS_WITH_AS(cg::dtensor_op(cg::ops::var_backward{{0}, 1.0, false}, x, x),
+                         doctest::Contains("var_backward: no sharding rule for dtensor inputs yet"), cg::error);
     // An op with a rule through the same generic entry point.
     const auto s = cg::dtensor_op(cg::ops::softmax{1}, x);
     CHECK(s.placements() == places{cg::shard(0)});
     check_close(s.full_tensor(), cg::softmax(whole({4, 6}), 1));
+  });
+}
+
+// ================================ rules of issue 16 item 3 ================================
+// Each op below on dtensors laid out several ways (Shard of each dim, Replicate, Partial where it
+// passes), eagerly and inside cg::trace: the output's placements, and its full tensor against the
+// op on the whole tensors. Shapes of 5 rows leave uneven shards on 2 and 4 ranks.
+
+namespace test_sharding_rules {
+
+/// One input: its whole tensor, the placements it is laid out as, and the test line naming it
+/// (shown with a failure).
+template <class T>
+struct in {
+  cg::tensor<T> full;
+  places ps;
+  unsigned line;
+};
+template <class T>
+in<T> at(const cg::tensor<T>& full, places ps, std::source_location loc = std::source_location::current()) {
+  return {full, std::move(ps), static_cast<unsigned>(loc.line())};
+}
+
+/// A whole tensor of `shape` whose elements are distinct integers (no ties for max/argmax).
+cg::tensor<float> distinct(const shape_t& shape, int seed = 0) {
+  const auto n = cg::numel_of(shape);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (i64 i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>((i * 37 + seed) % n - n / 2);
+  return cg::tensor<float>::from(v, shape);
+}
+
+/// i64 indices of `shape` in [0, bound): (i * 5 + seed) % bound.
+cg::tensor<i64> indices(const shape_t& shape, i64 bound, int seed = 0) {
+  std::vector<i64> v(static_cast<std::size_t>(cg::numel_of(shape)));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = (static_cast<i64>(i) * 5 + seed) % bound;
+  return cg::tensor<i64>::from(v, shape);
+}
+
+template <class U>
+void same_values(const cg::tensor<U>& got, const cg::tensor<U>& want) {
+  if constexpr (std::is_floating_point_v<U>) {
+    check_close(got, want);
+  } else {
+    REQUIRE(got.shape() == want.shape());
+    CHECK(got.contiguous().to_vector() == want.contiguous().to_vector());
+  }
+}
+
+/// `op` (dtensors -> dtensor) on `ins` laid out on `mesh`: eagerly, then traced (the inputs as
+/// symbolic local values, the graph compiled and run): both give placements `out` and the full
+/// tensor `want`.
+template <class F, class U, class... T>
+void both(cg::rank_context& ctx, const cg::device_mesh& mesh, F&& op, const places& out,
+          const cg::tensor<U>& want, const in<T>&... ins) {
+  const unsigned line = (ins.line, ...);
+  INFO("the case at line ", line);
+  {
+    const auto r = op(layout(ctx, mesh, ins.full, ins.ps)...);
+    CHECK(cg::placements_str(r.placements()) == cg::placements_str(out));
+    CHECK(r.shape() == want.shape());
+    same_values(r.full_tensor(), want);
+  }
+  auto program = [&](const auto&... xs) {
+    const auto r = op(cg::dtensor<typename std::remove_cvref_t<decltype(xs)>::value_type>::from_local(
+        xs, mesh, ins.ps, {.shape = ins.full.shape()})...);
+    CHECK(cg::placements_str(r.placements()) == cg::placements_str(out));
+    return r.full_tensor();
+  };
+  auto g = cg::trace(program, cg::input<T>(layout(ctx, mesh, ins.full, ins.ps).to_local().shape())...);
+  g.lint();
+  same_values(cg::compile(g, ctx)(layout(ctx, mesh, ins.full, ins.ps).to_local()...), want);
+}
+
+}  // namespace test_sharding_rules
+
+TEST_CASE("sharding.views.narrow_select.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = whole({5, 6}, 1);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      auto nar = [](i64 d, i64 s, i64 l) { return [=](const auto& x) { return cg::narrow(x, d, s, l); }; };
+      both(ctx, mesh, nar(1, 1, 3), {S0}, X.narrow(1, 1, 3), at(X, {S0}));        // another dim: kept
+      both(ctx, mesh, nar(1, 1, 3), {R}, X.narrow(1, 1, 3), at(X, {S1}));         // the narrowed dim: gathered
+      both(ctx, mesh, nar(1, 0, 6), {S1}, X.narrow(1, 0, 6), at(X, {S1}));        // all of it: kept
+      both(ctx, mesh, nar(0, 2, 3), {R}, X.narrow(0, 2, 3), at(X, {S0}));         // uneven rows gathered
+      both(ctx, mesh, nar(0, 1, 2), {P}, X.narrow(0, 1, 2), at(X, {P}));          // linear: Partial kept
+      both(ctx, mesh, nar(-1, 1, 2), {R}, X.narrow(1, 1, 2), at(X, {R}));
+      auto sel = [](i64 d, i64 i) { return [=](const auto& x) { return cg::select(x, d, i); }; };
+      both(ctx, mesh, sel(0, 3), {R}, X.select(0, 3), at(X, {S0}));               // selected dim: gathered
+      both(ctx, mesh, sel(0, 3), {S0}, X.select(0, 3), at(X, {S1}));              // a later Shard moves down
+      both(ctx, mesh, sel(1, -2), {S0}, X.select(1, 4), at(X, {S0}));             // an earlier one stays
+      both(ctx, mesh, sel(1, 2), {P}, X.select(1, 2), at(X, {P}));
+      const auto c = cg::choose_sharding(cg::ops::select{1, 0}, {{X.shape(), {S1}}}, mesh);
+      REQUIRE(c.strategies.size() == 1);
+      CHECK(c.best().in == std::vector<places>{{R}});
+    });
+}
+
+TEST_CASE("sharding.views.unsqueeze_squeeze_contiguous_repeat.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = whole({5, 6}, 2), Y = whole({5, 1, 6}, 3);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), S2 = cg::shard(2), R = cg::replicate(), P = cg::partial();
+      auto unsq = [](i64 d) { return [=](const auto& x) { return cg::unsqueeze(x, d); }; };
+      both(ctx, mesh, unsq(0), {S2}, X.unsqueeze(0), at(X, {S1}));
+      both(ctx, mesh, unsq(1), {S0}, X.unsqueeze(1), at(X, {S0}));
+      both(ctx, mesh, unsq(-1), {S1}, X.unsqueeze(2), at(X, {S1}));
+      both(ctx, mesh, unsq(1), {S2}, X.unsqueeze(1), at(X, {S1}));               // at the Shard's own dim
+      both(ctx, mesh, unsq(1), {P}, X.unsqueeze(1), at(X, {P}));
+      auto sq = [](i64 d) { return [=](const auto& x) { return cg::squeeze(x, d); }; };
+      both(ctx, mesh, sq(1), {S1}, cg::squeeze(Y, 1), at(Y, {S2}));               // later Shard moves down
+      both(ctx, mesh, sq(1), {S0}, cg::squeeze(Y, 1), at(Y, {S0}));
+      // dim 0 has 5 rows: not squeezed, though a rank's piece may hold one row (4 ranks).
+      both(ctx, mesh, sq(0), {S0}, cg::squeeze(Y, 0), at(Y, {S0}));
+      both(ctx, mesh, sq(-2), {P}, cg::squeeze(Y, 1), at(Y, {P}));
+      auto cont = [](const auto& x) { return cg::contiguous(cg::transpose(x, 0, 1)); };
+      both(ctx, mesh, cont, {S1}, X.transpose(0, 1).contiguous(), at(X, {S0}));
+      both(ctx, mesh, cont, {P}, X.transpose(0, 1).contiguous(), at(X, {P}));
+      both(ctx, mesh, [](const auto& x) { return cg::contiguous(x); }, {S0}, X, at(X, {S0}));
+      auto rep = [](std::vector<i64> r) { return [=](const auto& x) { return cg::repeat(x, r); }; };
+      both(ctx, mesh, rep({1, 2}), {S0}, X.repeat({1, 2}), at(X, {S0}));          // dim 0 not repeated
+      both(ctx, mesh, rep({1, 2}), {R}, X.repeat({1, 2}), at(X, {S1}));           // repeated: gathered
+      both(ctx, mesh, rep({2, 1}), {R}, X.repeat({2, 1}), at(X, {S0}));
+      both(ctx, mesh, rep({3, 1, 1}), {S1}, X.repeat({3, 1, 1}), at(X, {S0}));    // a new leading dim
+      both(ctx, mesh, rep({2, 2}), {P}, X.repeat({2, 2}), at(X, {P}));            // linear
+    });
+}
+
+TEST_CASE("sharding.stack_copy.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto A = whole({5, 6}, 1), B = whole({5, 6}, 4);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), S2 = cg::shard(2), R = cg::replicate(), P = cg::partial();
+      auto st = [](i64 d) { return [=](const auto& a, const auto& b) { return cg::stack(std::vector{a, b}, d); }; };
+      both(ctx, mesh, st(0), {S1}, cg::stack({A, B}, 0), at(A, {S0}), at(B, {S0}));
+      both(ctx, mesh, st(1), {S2}, cg::stack({A, B}, 1), at(A, {S1}), at(B, {R}));   // R follows the Shard
+      both(ctx, mesh, st(2), {S0}, cg::stack({A, B}, 2), at(A, {R}), at(B, {S0}));
+      both(ctx, mesh, st(0), {P}, cg::stack({A, B}, 0), at(A, {P}), at(B, {R}));     // R divided into Partial
+      both(ctx, mesh, st(-1), {S0}, cg::stack({A, B}, 2), at(A, {P}), at(B, {S0}));  // Partial gives way
+      both(ctx, mesh, st(0), {R}, cg::stack({A, B}, 0), at(A, {S0}), at(B, {S1}));   // two Shards: Replicate
+      {
+        cg::comm_counter c;
+        const auto r = cg::stack(std::vector{layout(ctx, mesh, A, {S0}), layout(ctx, mesh, B, {S1})}, 0);
+        CHECK(c.count("all_gather") == 2);
+        CHECK(c.total() == 2);
+      }
+      const auto D = whole({5, 6}, 2), row = whole({6}, 5);
+      const auto want = cg::eval(D * 0.0f + row);
+      auto cp = [](const auto& d, const auto& s) { return cg::copy(d, s); };
+      both(ctx, mesh, cp, {S0}, want, at(D, {S0}), at(row, {R}));
+      both(ctx, mesh, cp, {S1}, want, at(D, {S1}), at(row, {S0}));  // the row cut as dst's columns
+      both(ctx, mesh, cp, {R}, want, at(D, {R}), at(row, {P}));     // not linear: the Partial reduced
+      both(ctx, mesh, cp, {S0}, cg::eval(D + 1.0f), at(D, {S0}), at(cg::eval(D + 1.0f), {S0}));
+    });
+}
+
+TEST_CASE("sharding.var_amax_amin_max_min.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = distinct({5, 6}, 3);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      const auto PMax = cg::partial("max"), PMin = cg::partial("min");
+      // 5 rows (6 columns) on 4 ranks leave one rank an empty piece, whose max has no identity:
+      // that dim is gathered there instead.
+      const auto pmax = n == 2 ? PMax : R, pmin = n == 2 ? PMin : R;
+      auto vr = [](std::vector<i64> d, bool k) { return [=](const auto& x) { return cg::var(x, d, 1.0, k); }; };
+      both(ctx, mesh, vr({0}, false), {S0}, cg::var(X, {0}), at(X, {S1}));       // kept dim 1 becomes 0
+      both(ctx, mesh, vr({0}, true), {S1}, cg::var(X, {0}, 1.0, true), at(X, {S1}));
+      both(ctx, mesh, vr({0}, false), {R}, cg::var(X, {0}), at(X, {S0}));        // reduced dim: gathered
+      both(ctx, mesh, vr({}, false), {R}, cg::var(X), at(X, {S1}));
+      both(ctx, mesh, vr({1}, false), {R}, cg::var(X, {1}), at(X, {P}));         // not linear: reduced
+      auto am = [](std::vector<i64> d, bool k) { return [=](const auto& x) { return cg::amax(x, d, k); }; };
+      auto an = [](std::vector<i64> d) { return [=](const auto& x) { return cg::amin(x, d); }; };
+      both(ctx, mesh, am({0}, false), {pmax}, cg::amax(X, {0}), at(X, {S0}));
+      const auto X8 = distinct({8, 3}, 5);  // 8 rows: no empty piece on 2 or 4 ranks
+      both(ctx, mesh, am({0}, false), {PMax}, cg::amax(X8, {0}), at(X8, {S0}));
+      both(ctx, mesh, an({0}), {PMin}, cg::amin(X8, {0}), at(X8, {S0}));
+      both(ctx, mesh, am({0}, false), {S0}, cg::amax(X, {0}), at(X, {S1}));
+      both(ctx, mesh, am({}, false), {pmax}, cg::amax(X), at(X, {S1}));
+      both(ctx, mesh, am({1}, true), {S0}, cg::amax(X, {1}, true), at(X, {S0}));
+      both(ctx, mesh, am({1}, false), {R}, cg::amax(X, {1}), at(X, {P}));        // a sum's terms: reduced
+      // A Partial(max) passes through another amax.
+      auto am2 = [](const auto& x) { return cg::amax(cg::amax(x, {0}, true), {1}); };
+      both(ctx, mesh, am2, {PMax}, cg::amax(cg::amax(X8, {0}, true), {1}), at(X8, {S0}));
+      both(ctx, mesh, an({0}), {pmin}, cg::amin(X, {0}), at(X, {S0}));
+      both(ctx, mesh, an({0}), {S0}, cg::amin(X, {0}), at(X, {S1}));
+      both(ctx, mesh, [](const auto& x) { return cg::max(x); }, {pmax}, cg::max(X), at(X, {S0}));
+      both(ctx, mesh, [](const auto& x) { return cg::min(x); }, {pmin}, cg::min(X), at(X, {S1}));
+      both(ctx, mesh, [](const auto& x) { return cg::max(x); }, {PMax}, cg::max(X8), at(X8, {S0}));
+      both(ctx, mesh, [](const auto& x) { return cg::min(x); }, {R}, cg::min(X), at(X, {R}));
+    });
+}
+
+TEST_CASE("sharding.max_dim_argmax.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = distinct({5, 6}, 1);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      const auto [v0, i0] = cg::max(X, 0);
+      const auto [v1, i1] = cg::min(X, 1, true);
+      auto mx_v = [](i64 d) { return [=](const auto& x) { return std::get<0>(cg::max(x, d)); }; };
+      auto mx_i = [](i64 d) { return [=](const auto& x) { return std::get<1>(cg::max(x, d)); }; };
+      both(ctx, mesh, mx_v(0), {R}, v0, at(X, {S0}));  // the reduced dim gathered: local indices
+      both(ctx, mesh, mx_i(0), {R}, i0, at(X, {S0}));  // would not reduce across ranks
+      both(ctx, mesh, mx_v(0), {S0}, v0, at(X, {S1}));
+      both(ctx, mesh, mx_i(0), {S0}, i0, at(X, {S1}));
+      both(ctx, mesh, mx_i(0), {R}, i0, at(X, {P}));
+      auto mn_i = [](const auto& x) { return std::get<1>(cg::min(x, 1, true)); };
+      auto mn_v = [](const auto& x) { return std::get<0>(cg::min(x, 1, true)); };
+      both(ctx, mesh, mn_i, {S0}, i1, at(X, {S0}));
+      both(ctx, mesh, mn_v, {R}, v1, at(X, {S1}));
+      auto amx = [](std::optional<i64> d) { return [=](const auto& x) { return cg::argmax(x, d); }; };
+      both(ctx, mesh, amx(1), {S0}, cg::argmax(X, 1), at(X, {S0}));
+      both(ctx, mesh, amx(0), {R}, cg::argmax(X, 0), at(X, {S0}));
+      both(ctx, mesh, amx(std::nullopt), {R}, cg::argmax(X), at(X, {S1}));
+      both(ctx, mesh, [](const auto& x) { return cg::argmin(x, 0, true); }, {S1}, cg::argmin(X, 0, true),
+           at(X, {S1}));
+    });
+}
+
+TEST_CASE("sharding.rms_norm.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = whole({5, 6}, 1), W = whole({6}, 2);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      const auto want = cg::rms_norm(X, {6}, W, 1e-5);
+      auto rn = [](const auto& x, const auto& w) { return cg::rms_norm(x, {6}, std::optional(w), 1e-5); };
+      both(ctx, mesh, rn, {S0}, want, at(X, {S0}), at(W, {R}));
+      both(ctx, mesh, rn, {R}, want, at(X, {S1}), at(W, {R}));   // the normalized dim gathered
+      both(ctx, mesh, rn, {S0}, want, at(X, {S0}), at(W, {S0}));  // the weight gathered
+      both(ctx, mesh, rn, {R}, want, at(X, {P}), at(W, {R}));     // a Partial reduced
+      both(ctx, mesh, [](const auto& x) { return cg::rms_norm(x, {6}); }, {S0}, cg::rms_norm(X, {6}), at(X, {S0}));
+    });
+}
+
+TEST_CASE("sharding.softmax_backward.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = cg::eval(whole({5, 6}, 1) * 0.25f), G = whole({5, 6}, 2);
+      const auto Y = cg::softmax(X, 1), LY = cg::log_softmax(X, 1);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      auto sb = [](i64 d) { return [=](const auto& g, const auto& y) { return cg::softmax_backward(g, y, d); }; };
+      const auto want = cg::softmax_backward(G, Y, 1);
+      both(ctx, mesh, sb(1), {S0}, want, at(G, {S0}), at(Y, {S0}));
+      both(ctx, mesh, sb(1), {S0}, want, at(G, {R}), at(Y, {S0}));   // the output has more shards
+      both(ctx, mesh, sb(-1), {R}, want, at(G, {S1}), at(Y, {R}));   // `dim` gathered
+      both(ctx, mesh, sb(1), {R}, want, at(G, {P}), at(Y, {R}));     // a Partial reduced
+      both(ctx, mesh, sb(0), {S1}, cg::softmax_backward(G, cg::softmax(X, 0), 0), at(G, {S1}),
+           at(cg::softmax(X, 0), {S0}));                             // a tie: grad's, y gathered
+      both(ctx, mesh, [](const auto& g, const auto& y) { return cg::log_softmax_backward(g, y, 1); }, {S0},
+           cg::log_softmax_backward(G, LY, 1), at(G, {S0}), at(LY, {R}));
+    });
+}
+
+TEST_CASE("sharding.index_select_gather_scatter_add.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = whole({5, 6}, 1);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      const auto I = indices({7}, 5, 2);
+      auto is = [](const auto& x, const auto& i) { return cg::index_select(x, 0, i); };
+      const auto want = cg::index_select(X, 0, I);
+      both(ctx, mesh, is, {S1}, want, at(X, {S1}), at(I, {R}));  // another dim: kept
+      both(ctx, mesh, is, {S0}, want, at(X, {R}), at(I, {S0}));  // the index sharded: rows of the output
+      both(ctx, mesh, is, {P}, want, at(X, {P}), at(I, {R}));    // selection is linear
+      both(ctx, mesh, is, {R}, want, at(X, {R}), at(I, {R}));
+      const auto G = indices({5, 3}, 6, 1);
+      auto ga = [](const auto& x, const auto& i) { return cg::gather(x, 1, i); };
+      const auto gwant = cg::gather(X, 1, G);
+      both(ctx, mesh, ga, {S0}, gwant, at(X, {S0}), at(G, {S0}));  // rows on both
+      both(ctx, mesh, ga, {S1}, gwant, at(X, {R}), at(G, {S1}));   // the index sharded on the gather dim
+      // The gathered-from dim must be whole: gathered (on the cost model an all_gather of these
+      // few bytes is cheaper than the all_to_all re-sharding by rows would be).
+      both(ctx, mesh, ga, {R}, gwant, at(X, {S1}), at(G, {R}));
+      both(ctx, mesh, ga, {R}, gwant, at(X, {R}), at(G, {R}));
+      const auto Src = whole({5, 3}, 4);
+      auto sa = [](const auto& s, const auto& i, const auto& y) { return cg::scatter_add(s, 1, i, y); };
+      const auto swant = cg::scatter_add(X, 1, G, Src);
+      both(ctx, mesh, sa, {S0}, swant, at(X, {S0}), at(G, {S0}), at(Src, {S0}));
+      both(ctx, mesh, sa, {R}, swant, at(X, {S1}), at(G, {R}), at(Src, {R}));  // the scatter dim gathered
+      both(ctx, mesh, sa, {S0}, swant, at(X, {P}), at(G, {R}), at(Src, {R}));   // a reduce_scatter
+      both(ctx, mesh, sa, {R}, swant, at(X, {R}), at(G, {R}), at(Src, {R}));
+      // index rows fewer than self's: no Shard(0) strategy (the pieces would not line up).
+      const auto G4 = indices({4, 3}, 6, 3);
+      const auto Src4 = whole({4, 3}, 5);
+      both(ctx, mesh, sa, {R}, cg::scatter_add(X, 1, G4, Src4), at(X, {S0}), at(G4, {S0}), at(Src4, {S0}));
+    });
+}
+
+TEST_CASE("sharding.cross_entropy.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto X = whole({5, 4}, 1), Wt = cg::eval(whole({4}, 2) * 0.0f + 1.5f);
+      const auto T = indices({5}, 4, 1);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+      auto ce = [](cg::loss_reduction r) {
+        return [=](const auto& x, const auto& t) { return cg::cross_entropy(x, t, std::nullopt, -100, r); };
+      };
+      using lr = cg::loss_reduction;
+      both(ctx, mesh, ce(lr::none), {S0}, cg::cross_entropy(X, T, std::nullopt, -100, lr::none), at(X, {S0}), at(T, {S0}));
+      both(ctx, mesh, ce(lr::sum), {P}, cg::cross_entropy(X, T, std::nullopt, -100, lr::sum), at(X, {S0}), at(T, {R}));
+      both(ctx, mesh, ce(lr::mean), {R}, cg::cross_entropy(X, T), at(X, {S0}), at(T, {S0}));  // mean: gathered
+      both(ctx, mesh, ce(lr::none), {R}, cg::cross_entropy(X, T, std::nullopt, -100, lr::none), at(X, {S1}), at(T, {R}));
+      both(ctx, mesh, ce(lr::sum), {R}, cg::cross_entropy(X, T, std::nullopt, -100, lr::sum), at(X, {P}), at(T, {R}));
+      // Class weights (Replicate) and an ignored target.
+      const auto T2 = cg::tensor<i64>::from({1, -100, 3, 0, 2}, {5});
+      auto cew = [](const auto& x, const auto& t, const auto& w) {
+        return cg::cross_entropy(x, t, std::optional(w), -100, cg::loss_reduction::sum, 0.1);
+      };
+      both(ctx, mesh, cew, {P}, cg::cross_entropy(X, T2, Wt, -100, lr::sum, 0.1), at(X, {S0}), at(T2, {S0}), at(Wt, {S0}));
+      // [N, C, d]: the spatial dim 2 of the input is the target's dim 1.
+      const auto X3 = whole({3, 4, 5}, 2);
+      const auto T3 = indices({3, 5}, 4, 2);
+      both(ctx, mesh, ce(lr::none), {S1}, cg::cross_entropy(X3, T3, std::nullopt, -100, lr::none), at(X3, {cg::shard(2)}),
+           at(T3, {R}));
+    });
+}
+
+TEST_CASE("sharding.sdpa.world2_world4") {
+  using namespace test_sharding_rules;
+  for (int n : {2, 4})
+    run(n, [n](cg::rank_context& ctx) {
+      const cg::device_mesh mesh({n});
+      const auto Q = cg::eval(whole({2, 4, 3, 2}, 1) * 0.25f), K = cg::eval(whole({2, 4, 5, 2}, 2) * 0.25f),
+                 V = whole({2, 4, 5, 3}, 3);
+      const auto S0 = cg::shard(0), S1 = cg::shard(1), S2 = cg::shard(2), R = cg::replicate();
+      const auto want = cg::scaled_dot_product_attention(Q, K, V);
+      auto at3 = [](const auto& q, const auto& k, const auto& v) { return cg::scaled_dot_product_attention(q, k, v); };
+      both(ctx, mesh, at3, {S1}, want, at(Q, {S1}), at(K, {S1}), at(V, {S1}));  // heads
+      both(ctx, mesh, at3, {S1}, want, at(Q, {S1}), at(K, {R}), at(V, {R}));    // k, v cut locally
+      both(ctx, mesh, at3, {R}, want, at(Q, {S2}), at(K, {R}), at(V, {R}));     // the sequence gathered
+      both(ctx, mesh, at3, {R}, want, at(Q, {R}), at(K, {R}), at(V, {R}));
+      if (n == 2) both(ctx, mesh, at3, {S0}, want, at(Q, {S0}), at(K, {S0}), at(V, {S0}));  // batch (2 rows)
+      // A mask [L, S] broadcasts over batch and heads: Replicate; a full one is cut as the output.
+      const auto Mb = cg::eval(whole({3, 5}, 4) * 0.5f), Mf = cg::eval(whole({2, 4, 3, 5}, 5) * 0.5f);
+      auto atm = [](const auto& q, const auto& k, const auto& v, const auto& m) {
+        return cg::scaled_dot_product_attention(q, k, v, m);
+      };
+      both(ctx, mesh, atm, {S1}, cg::scaled_dot_product_attention(Q, K, V, Mb), at(Q, {S1}), at(K, {S1}), at(V, {S1}),
+           at(Mb, {S0}));
+      both(ctx, mesh, atm, {S1}, cg::scaled_dot_product_attention(Q, K, V, Mf), at(Q, {S1}), at(K, {S1}), at(V, {S1}),
+           at(Mf, {R}));
+      const auto c = cg::choose_sharding(cg::ops::scaled_dot_product_attention{0.0, false, std::nullopt},
+                                         {{Q.shape(), {S1}}, {K.shape(), {S1}}, {V.shape(), {S1}}, {Mb.shape(), {R}}},
+                                         mesh);
+      // PyTorch's order: all-Replicate, heads, batch.
+      REQUIRE(c.strategies.size() == 3);
+      CHECK(c.strategies[1].out == places{S1});
+      CHECK(c.strategies[1].in == std::vector<places>{{S1}, {S1}, {S1}, {R}});
+      CHECK(c.strategies[2].out == places{S0});
+      CHECK(c.chosen == 1);
+    });
+}
+
+TEST_CASE("sharding.rules.2d_mesh.world4") {
+  using namespace test_sharding_rules;
+  run(4, [](cg::rank_context& ctx) {
+    const cg::device_mesh mesh({2, 2}, {"dp", "tp"});
+    const auto X = distinct({5, 6}, 2);
+    const auto S0 = cg::shard(0), S1 = cg::shard(1), R = cg::replicate(), P = cg::partial();
+    const auto PMax = cg::partial("max");
+    both(ctx, mesh, [](const auto& x) { return cg::narrow(x, 1, 2, 3); }, {S0, R}, X.narrow(1, 2, 3), at(X, {S0, S1}));
+    both(ctx, mesh, [](const auto& x) { return cg::select(x, 0, 4); }, {R, S0}, X.select(0, 4), at(X, {S0, S1}));
+    both(ctx, mesh, [](const auto& x) { return cg::unsqueeze(x, 1); }, {S0, cg::shard(2)}, X.unsqueeze(1),
+         at(X, {S0, S1}));
+    both(ctx, mesh, [](const auto& x) { return cg::amax(x, {1}); }, {S0, PMax}, cg::amax(X, {1}), at(X, {S0, S1}));
+    both(ctx, mesh, [](const auto& x) { return cg::amax(x, {}); }, {PMax, PMax}, cg::amax(X), at(X, {S0, S0}));
+    both(ctx, mesh, [](const auto& x) { return cg::var(x, {1}); }, {S0, R}, cg::var(X, {1}), at(X, {S0, S1}));
+    both(ctx, mesh, [](const auto& x) { return cg::argmax(x, 0); }, {R, S0}, cg::argmax(X, 0), at(X, {S0, S1}));
+    both(ctx, mesh, [](const auto& x) { return cg::repeat(x, {1, 2}); }, {S0, R}, X.repeat({1, 2}), at(X, {S0, S1}));
+    const auto B = whole({5, 6}, 7);
+    both(ctx, mesh, [](const auto& a, const auto& b) { return cg::stack(std::vector{a, b}, 1); }, {S0, P},
+         cg::stack({X, B}, 1), at(X, {S0, P}), at(B, {R, R}));
+    const auto Q = cg::eval(whole({2, 4, 3, 2}, 1) * 0.25f), K = cg::eval(whole({2, 4, 5, 2}, 2) * 0.25f),
+               V = whole({2, 4, 5, 3}, 3);
+    both(ctx, mesh, [](const auto& q, const auto& k, const auto& v) { return cg::scaled_dot_product_attention(q, k, v); },
+         {S0, S1}, cg::scaled_dot_product_attention(Q, K, V), at(Q, {S0, S1}), at(K, {S0, S1}), at(V, {S0, S1}));
+    const auto Xc = whole({4, 3}, 1);
+    const auto T = indices({4}, 3, 1);
+    both(ctx, mesh,
+         [](const auto& x, const auto& t) { return cg::cross_entropy(x, t, std::nullopt, -100, cg::loss_reduction::sum); },
+         {P, P}, cg::cross_entropy(Xc, T, std::nullopt, -100, cg::loss_reduction::sum), at(Xc, {S0, S0}),
+         at(T, {S0, S0}));
   });
 }

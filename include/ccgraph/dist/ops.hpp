@@ -313,6 +313,71 @@ dtensor<T, L> mean(const dtensor<T, L>& x, const std::vector<std::int64_t>& dims
   const ops::mean o{dims, keepdim};
   return detail::sharded_call(o, [&](const L& v) { return mean(v, dims, keepdim); }, x);
 }
+/// torch.var over `dims` on a dtensor (sharding_rules::var): the reduced dims whole (gathered
+/// when sharded), a Partial reduced first.
+template <class T, class L>
+dtensor<T, L> var(const dtensor<T, L>& x, const std::vector<std::int64_t>& dims = {}, double correction = 1.0,
+                  bool keepdim = false) {
+  const ops::var o{dims, correction, keepdim};
+  return detail::sharded_call(o, [&](const L& v) { return var(v, dims, correction, keepdim); }, x);
+}
+/// torch.amax over `dims` (empty: all) on a dtensor (sharding_rules::extreme): a sharded reduced
+/// dim gives Partial(max).
+template <class T, class L>
+dtensor<T, L> amax(const dtensor<T, L>& x, const std::vector<std::int64_t>& dims = {}, bool keepdim = false) {
+  return detail::sharded_call(ops::amax{dims, keepdim}, [&](const L& v) { return amax(v, dims, keepdim); }, x);
+}
+/// torch.amin over `dims` on a dtensor: a sharded reduced dim gives Partial(min).
+template <class T, class L>
+dtensor<T, L> amin(const dtensor<T, L>& x, const std::vector<std::int64_t>& dims = {}, bool keepdim = false) {
+  return detail::sharded_call(ops::amin{dims, keepdim}, [&](const L& v) { return amin(v, dims, keepdim); }, x);
+}
+/// torch.max(x), 0-d, on a dtensor: a sharded input gives Partial(max).
+template <class T, class L>
+dtensor<T, L> max(const dtensor<T, L>& x) {
+  return detail::sharded_call(ops::max{}, [](const L& v) { return max(v); }, x);
+}
+/// torch.min(x), 0-d, on a dtensor: a sharded input gives Partial(min).
+template <class T, class L>
+dtensor<T, L> min(const dtensor<T, L>& x) {
+  return detail::sharded_call(ops::min{}, [](const L& v) { return min(v); }, x);
+}
+
+namespace detail {
+/// max(dim) / min(dim) on a dtensor: both outputs (values, indices) placed as the rule's output.
+template <class O, class T, class L, class F>
+auto extreme_dim(const O& o, const dtensor<T, L>& x, F&& local) {
+  const auto choice = choose_sharding(o, {spec_of(x)}, x.mesh(), sizeof(T));
+  const sharding_strategy& s = choice.best();
+  auto [values, indices] = local(place_for(x, s.in.at(0), O::name.data()).to_local());
+  const shape_t shape = op_traits<O>::infer(o, {tensor_meta{dtype_v<T>, x.shape()}}, infer_ctx{}).at(0).shape;
+  using LI = decltype(as_value(indices));
+  return std::tuple{dtensor<T, decltype(as_value(values))>(as_value(values), x.mesh(), s.out, shape),
+                    dtensor<std::int64_t, LI>(as_value(indices), x.mesh(), s.out, shape)};
+}
+}  // namespace detail
+
+/// torch.max(x, dim, keepdim) on a dtensor: {values, i64 indices}, `dim` whole (gathered when
+/// sharded: local indices do not reduce across ranks), a Partial reduced first.
+template <class T, class L>
+auto max(const dtensor<T, L>& x, std::int64_t dim, bool keepdim = false) {
+  return detail::extreme_dim(ops::max_dim{dim, keepdim}, x, [&](const L& v) { return max(v, dim, keepdim); });
+}
+/// torch.min(x, dim, keepdim) on a dtensor: as max(x, dim, keepdim).
+template <class T, class L>
+auto min(const dtensor<T, L>& x, std::int64_t dim, bool keepdim = false) {
+  return detail::extreme_dim(ops::min_dim{dim, keepdim}, x, [&](const L& v) { return min(v, dim, keepdim); });
+}
+/// torch.argmax(x, dim, keepdim) on a dtensor (i64): `dim` (no dim: every dim) whole.
+template <class T, class L>
+auto argmax(const dtensor<T, L>& x, std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) {
+  return detail::sharded_call(ops::argmax{dim, keepdim}, [&](const L& v) { return argmax(v, dim, keepdim); }, x);
+}
+/// torch.argmin(x, dim, keepdim) on a dtensor (i64): `dim` (no dim: every dim) whole.
+template <class T, class L>
+auto argmin(const dtensor<T, L>& x, std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) {
+  return detail::sharded_call(ops::argmin{dim, keepdim}, [&](const L& v) { return argmin(v, dim, keepdim); }, x);
+}
 /// softmax along `dim` on a dtensor: that dim whole (gathered when sharded).
 template <class T, class L>
 dtensor<T, L> softmax(const dtensor<T, L>& x, std::int64_t dim) {
@@ -322,6 +387,20 @@ dtensor<T, L> softmax(const dtensor<T, L>& x, std::int64_t dim) {
 template <class T, class L>
 dtensor<T, L> log_softmax(const dtensor<T, L>& x, std::int64_t dim) {
   return detail::sharded_call(ops::log_softmax{dim}, [dim](const L& v) { return log_softmax(v, dim); }, x);
+}
+/// softmax's gradient on dtensors (sharding_rules::softmax_backward): grad and output laid out
+/// as the more sharded of them, `dim` whole.
+template <class T, class L>
+dtensor<T, L> softmax_backward(const dtensor<T, L>& grad, const dtensor<T, L>& output, std::int64_t dim) {
+  return detail::sharded_call(
+      ops::softmax_backward{dim}, [dim](const L& g, const L& y) { return softmax_backward(g, y, dim); }, grad, output);
+}
+/// log_softmax's gradient on dtensors: as softmax_backward.
+template <class T, class L>
+dtensor<T, L> log_softmax_backward(const dtensor<T, L>& grad, const dtensor<T, L>& output, std::int64_t dim) {
+  return detail::sharded_call(
+      ops::log_softmax_backward{dim}, [dim](const L& g, const L& y) { return log_softmax_backward(g, y, dim); }, grad,
+      output);
 }
 /// layer_norm's output on dtensors (F.layer_norm): the normalized dims whole, weight and bias
 /// Replicate (sharding_rules::layer_norm).
@@ -347,6 +426,63 @@ dtensor<T, L> layer_norm(const dtensor<T, L>& x, const dtensor<T, L>& weight,
   return layer_norm(x, std::vector<std::int64_t>(weight.shape().begin(), weight.shape().end()),
                     std::optional<dtensor<T, L>>(weight), bias, eps);
 }
+/// rms_norm's output on dtensors (F.rms_norm): as layer_norm, the normalized dims whole and the
+/// weight Replicate (sharding_rules::layer_norm).
+template <class T, class L>
+dtensor<T, L> rms_norm(const dtensor<T, L>& x, const std::vector<std::int64_t>& normalized_shape,
+                       const std::optional<std::type_identity_t<dtensor<T, L>>>& weight = std::nullopt,
+                       std::optional<double> eps = std::nullopt) {
+  // The op's eps attribute only matters for its traits; the local call passes `eps` itself.
+  const ops::rms_norm o{normalized_shape, eps.value_or(0.0), weight.has_value()};
+  if (weight)
+    return detail::sharded_call(
+        o, [&](const L& v, const L& w) { return rms_norm(v, normalized_shape, std::optional<L>(w), eps); }, x, *weight);
+  return detail::sharded_call(o, [&](const L& v) { return rms_norm(v, normalized_shape, std::nullopt, eps); }, x);
+}
+/// cross_entropy(input, target[, weight], ...) on dtensors (sharding_rules::cross_entropy): a
+/// batch dim sharded stays so with reduction "none", gives Partial(sum) with "sum"; the class
+/// dim is whole; "mean" gathers the batch.
+template <class T, class L, class LI>
+dtensor<T, L> cross_entropy(const dtensor<T, L>& input, const dtensor<std::int64_t, LI>& target,
+                            const std::optional<std::type_identity_t<dtensor<T, L>>>& weight = std::nullopt,
+                            std::int64_t ignore_index = -100,
+                            loss_reduction reduction = loss_reduction::mean, double label_smoothing = 0.0) {
+  const ops::cross_entropy o{reduction, ignore_index, label_smoothing, weight.has_value()};
+  if (weight)
+    return detail::sharded_call(
+        o,
+        [&](const L& x, const LI& t, const L& w) {
+          return cross_entropy(x, t, std::optional<L>(w), ignore_index, reduction, label_smoothing);
+        },
+        input, target, *weight);
+  return detail::sharded_call(
+      o, [&](const L& x, const LI& t) { return cross_entropy(x, t, std::nullopt, ignore_index, reduction, label_smoothing); },
+      input, target);
+}
+/// scaled_dot_product_attention(q, k, v) on dtensors (sharding_rules::sdpa): the heads or a
+/// batch dim sharded on q, k and v gives the output sharded likewise; else Replicate.
+template <class T, class L>
+dtensor<T, L> scaled_dot_product_attention(const dtensor<T, L>& q, const dtensor<T, L>& k, const dtensor<T, L>& v,
+                                           double dropout_p = 0.0, bool is_causal = false,
+                                           std::optional<double> scale = std::nullopt) {
+  return detail::sharded_call(
+      ops::scaled_dot_product_attention{dropout_p, is_causal, scale},
+      [&](const L& a, const L& b, const L& c) { return scaled_dot_product_attention(a, b, c, dropout_p, is_causal, scale); },
+      q, k, v);
+}
+/// scaled_dot_product_attention with a dtensor attn_mask: the mask sharded as the output where it
+/// does not broadcast.
+template <class T, class L, class M, class LM>
+dtensor<T, L> scaled_dot_product_attention(const dtensor<T, L>& q, const dtensor<T, L>& k, const dtensor<T, L>& v,
+                                           const dtensor<M, LM>& attn_mask, double dropout_p = 0.0,
+                                           bool is_causal = false, std::optional<double> scale = std::nullopt) {
+  return detail::sharded_call(
+      ops::scaled_dot_product_attention{dropout_p, is_causal, scale},
+      [&](const L& a, const L& b, const L& c, const LM& m) {
+        return scaled_dot_product_attention(a, b, c, m, dropout_p, is_causal, scale);
+      },
+      q, k, v, attn_mask);
+}
 /// embedding(indices, weight) on dtensors (sharding_rules::embedding).
 template <class I, class LI, class T, class L>
 dtensor<T, L> embedding(const dtensor<I, LI>& indices, const dtensor<T, L>& weight,
@@ -354,6 +490,28 @@ dtensor<T, L> embedding(const dtensor<I, LI>& indices, const dtensor<T, L>& weig
   const ops::embedding o{padding_idx};
   return detail::sharded_call(
       o, [&](const LI& i, const L& w) { return embedding(i, w, padding_idx); }, indices, weight);
+}
+
+/// index_select(input, dim, index) on dtensors (sharding_rules::index_select): input sharded on
+/// another dim, or index sharded (input Replicate), or an input Partial, pass without collective.
+template <class T, class L, class I, class LI>
+dtensor<T, L> index_select(const dtensor<T, L>& input, std::int64_t dim, const dtensor<I, LI>& index) {
+  return detail::sharded_call(
+      ops::index_select{dim}, [&](const L& x, const LI& i) { return index_select(x, dim, i); }, input, index);
+}
+/// gather(input, dim, index) on dtensors (sharding_rules::gather).
+template <class T, class L, class LI>
+dtensor<T, L> gather(const dtensor<T, L>& input, std::int64_t dim, const dtensor<std::int64_t, LI>& index) {
+  return detail::sharded_call(ops::gather{dim}, [&](const L& x, const LI& i) { return gather(x, dim, i); }, input,
+                              index);
+}
+/// scatter_add(self, dim, index, src) on dtensors (sharding_rules::scatter_add).
+template <class T, class L, class LI>
+dtensor<T, L> scatter_add(const dtensor<T, L>& self, std::int64_t dim, const dtensor<std::int64_t, LI>& index,
+                          const dtensor<T, L>& src) {
+  return detail::sharded_call(
+      ops::scatter_add{dim}, [&](const L& x, const LI& i, const L& y) { return scatter_add(x, dim, i, y); }, self, index,
+      src);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -405,6 +563,86 @@ dtensor<T, L> cat(const std::vector<dtensor<T, L>>& xs, std::int64_t dim = 0) {
   }
   L out = cat(locals, dim);
   const shape_t shape = op_traits<ops::cat>::infer(o, metas, infer_ctx{}).at(0).shape;
+  return dtensor<T, L>(std::move(out), xs.front().mesh(), s.out, shape);
+}
+
+/// x.narrow(dim, start, length) on a dtensor (sharding_rules::narrow): a Shard of `dim` is
+/// gathered first unless the narrow keeps all of it.
+template <class T, class L>
+dtensor<T, L> narrow(const dtensor<T, L>& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
+  const int d = normalize_dim(dim, x.shape().size(), "narrow");
+  const bool whole = start == 0 && length == x.shape()[static_cast<std::size_t>(d)];
+  return detail::sharded_call(
+      ops::narrow{dim, start, length},
+      [&](const L& v) { return whole ? v.narrow(d, 0, v.shape()[static_cast<std::size_t>(d)]) : v.narrow(d, start, length); },
+      x);
+}
+/// x.select(dim, index) on a dtensor (sharding_rules::select): a Shard of `dim` is gathered
+/// first; later Shards move down one.
+template <class T, class L>
+dtensor<T, L> select(const dtensor<T, L>& x, std::int64_t dim, std::int64_t index) {
+  return detail::sharded_call(ops::select{dim, index}, [&](const L& v) { return v.select(dim, index); }, x);
+}
+/// x.unsqueeze(dim) on a dtensor: Shards of `dim` and later move up one. No communication.
+template <class T, class L>
+dtensor<T, L> unsqueeze(const dtensor<T, L>& x, std::int64_t dim) {
+  return detail::sharded_call(ops::unsqueeze{dim}, [&](const L& v) { return v.unsqueeze(dim); }, x);
+}
+/// x.squeeze(dim) on a dtensor: drops `dim` when its global size is 1 (a local piece of size 1
+/// of a longer dim stays). No communication.
+template <class T, class L>
+dtensor<T, L> squeeze(const dtensor<T, L>& x, std::int64_t dim) {
+  const bool drops =
+      !x.shape().empty() && x.shape()[static_cast<std::size_t>(normalize_dim(dim, x.shape().size(), "squeeze"))] == 1;
+  return detail::sharded_call(ops::squeeze{dim}, [&](const L& v) { return drops ? squeeze(v, dim) : v; }, x);
+}
+/// x.contiguous() on a dtensor: placements kept.
+template <class T, class L>
+dtensor<T, L> contiguous(const dtensor<T, L>& x) {
+  return detail::sharded_call(ops::contiguous{}, [](const L& v) { return v.contiguous(); }, x);
+}
+/// x.repeat(repeats) on a dtensor (sharding_rules::repeat): a Shard of a dim repeated more than
+/// once is gathered first.
+template <class T, class L>
+dtensor<T, L> repeat(const dtensor<T, L>& x, const std::vector<std::int64_t>& repeats) {
+  return detail::sharded_call(ops::repeat{repeats}, [&](const L& v) { return v.repeat(repeats); }, x);
+}
+/// copy_(dst, src) made functional on dtensors: a new dtensor of dst's shape holding src
+/// (broadcast), laid out as pointwise over (dst, src) (sharding_rules::copy).
+template <class T, class L>
+dtensor<T, L> copy(const dtensor<T, L>& dst, const dtensor<T, L>& src) {
+  return detail::sharded_call(
+      ops::copy{},
+      [](const L& d, const L& s) {
+        if constexpr (is_traced_v<L>) {
+          return copy(d, s);
+        } else {
+          L r = d.clone();
+          r.copy_(s);
+          return r;
+        }
+      },
+      dst, src);
+}
+/// stack(xs, dim) on dtensors (sharding_rules::stack): the inputs follow one merged placement.
+template <class T, class L>
+dtensor<T, L> stack(const std::vector<dtensor<T, L>>& xs, std::int64_t dim = 0) {
+  CCGRAPH_CHECK(!xs.empty(), "stack: no dtensors");
+  const ops::stack o{dim};
+  std::vector<dtensor_spec> specs;
+  for (const auto& x : xs) {
+    detail::check_same_mesh("stack", xs.front(), x);
+    specs.push_back(spec_of(x));
+  }
+  const sharding_strategy s = choose_sharding(o, specs, xs.front().mesh(), sizeof(T)).best();
+  std::vector<L> locals;
+  std::vector<tensor_meta> metas;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    locals.push_back(detail::place_for(xs[i], s.in[i], "stack").to_local());
+    metas.push_back({dtype_v<T>, xs[i].shape()});
+  }
+  L out = stack(locals, dim);
+  const shape_t shape = op_traits<ops::stack>::infer(o, metas, infer_ctx{}).at(0).shape;
   return dtensor<T, L>(std::move(out), xs.front().mesh(), s.out, shape);
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -100,9 +101,72 @@ inline std::int64_t shards_of(const sharding_args& a, const std::vector<placemen
   return n;
 }
 
+/// Whether every rank's piece of tensor dim `d` (laid out as `ps`) holds an element: a max or
+/// min of an empty piece has no identity to give.
+inline bool no_empty_piece(const sharding_args& a, const dtensor_spec& x, std::int64_t d) {
+  std::vector<std::int64_t> sizes{x.shape[static_cast<std::size_t>(d)]};
+  for (std::size_t m = 0; m < x.placements.size(); ++m) {
+    if (!x.placements[m].is_shard(d)) continue;
+    std::vector<std::int64_t> next;
+    for (auto s : sizes)
+      for (int i = 0; i < a.mesh_shape[m]; ++i) next.push_back(local_shard_size_and_offset(s, a.mesh_shape[m], i).first);
+    sizes = std::move(next);
+  }
+  return std::all_of(sizes.begin(), sizes.end(), [](std::int64_t s) { return s > 0; });
+}
+
 /// A reduction whose Partial inputs pass through linear ops (sum, avg).
 inline bool linear_partial(const placement& p) {
   return p.is_partial(reduce_op::sum) || p.is_partial(reduce_op::avg);
+}
+
+/// Which dims of an `n`-d input `dims` reduce (empty: every dim), for `what`'s errors.
+inline std::vector<bool> reduced_dims(const std::vector<std::int64_t>& dims, std::size_t n, const char* what) {
+  std::vector<bool> reduced(n, dims.empty());
+  for (auto d : dims) reduced[static_cast<std::size_t>(normalize_dim(d, n, what))] = true;
+  return reduced;
+}
+
+/// The output dim of kept input dim `d` of a reduction over `reduced` (dims before it removed
+/// unless `keepdim`).
+inline std::int64_t kept_dim(const std::vector<bool>& reduced, bool keepdim, std::int64_t d) {
+  std::int64_t od = d;
+  if (!keepdim)
+    for (std::int64_t e = 0; e < d; ++e) od -= reduced[static_cast<std::size_t>(e)] ? 1 : 0;
+  return od;
+}
+
+/// The options of a reduction of one input over `reduced` on a mesh dim where the input is `p`
+/// (PyTorch's common_reduction_strategy): a Shard of a kept dim moves with the removed dims; a
+/// Shard of a reduced dim gives `reduced_shard` when it has one (the Partial of a reduction
+/// that is linear: f(f(a), f(b)) = f(a, b)), else it is gathered; a Partial passes where
+/// `partial_passes` says so, else it is reduced; then all-Replicate.
+template <class F>
+std::vector<dim_option> reduction_options(const std::vector<bool>& reduced, bool keepdim, const placement& p,
+                                          const std::optional<placement>& reduced_shard, F&& partial_passes) {
+  std::vector<dim_option> opts;
+  if (p.is_shard()) {
+    if (!reduced[static_cast<std::size_t>(p.dim())]) opts.push_back({shard(kept_dim(reduced, keepdim, p.dim())), {p}});
+    else if (reduced_shard) opts.push_back({*reduced_shard, {p}});
+  } else if (p.is_partial() && partial_passes(p)) {
+    opts.push_back({p, {p}});
+  }
+  add_unique(opts, all_replicate(1));
+  return opts;
+}
+
+/// A single-input op that moves dims without reading across them (views): each mesh dim's
+/// placement kept, a Shard's dim mapped by `map_dim` (-1: that dim must be whole, the input
+/// gathered on that mesh dim). Partial and Replicate pass: these ops are linear.
+template <class F>
+std::vector<sharding_strategy> follow_dims(const sharding_args& a, F&& map_dim) {
+  return expand(a, 1, [&](int m) {
+    const placement p = a.in.at(0).placements[static_cast<std::size_t>(m)];
+    if (!p.is_shard()) return std::vector<dim_option>{{p, {p}}};
+    const std::int64_t d = map_dim(p.dim());
+    if (d < 0) return std::vector<dim_option>{{replicate(), {replicate()}}};
+    return std::vector<dim_option>{{shard(d), {p}}};
+  });
 }
 
 }  // namespace detail::sharding
@@ -255,29 +319,78 @@ struct reduction {
   static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
     using namespace detail::sharding;
     const dtensor_spec& x = a.in.at(0);
-    std::vector<bool> reduced(x.shape.size(), o.dims.empty());
-    for (auto d : o.dims) reduced[static_cast<std::size_t>(normalize_dim(d, x.shape.size(), O::name.data()))] = true;
+    const std::vector<bool> reduced = reduced_dims(o.dims, x.shape.size(), O::name.data());
     const bool is_mean = O::name == "mean";
     return expand(a, 1, [&](int m) {
-      std::vector<dim_option> opts;
       const placement p = x.placements[static_cast<std::size_t>(m)];
-      if (p.is_shard()) {
-        const std::int64_t d = p.dim();
-        if (reduced[static_cast<std::size_t>(d)]) {
-          if (!is_mean) opts.push_back({partial(reduce_op::sum), {p}});
-          else if (x.shape[static_cast<std::size_t>(d)] % shards_of(a, x.placements, d) == 0)
-            opts.push_back({partial(reduce_op::avg), {p}});
-        } else {
-          std::int64_t od = d;
-          if (!o.keepdim)
-            for (std::int64_t e = 0; e < d; ++e) od -= reduced[static_cast<std::size_t>(e)] ? 1 : 0;
-          opts.push_back({shard(od), {p}});
-        }
-      } else if (p.is_partial() && linear_partial(p)) {
-        opts.push_back({p, {p}});
+      std::optional<placement> on_reduced = partial(reduce_op::sum);
+      if (is_mean) {  // local means average to the mean only over equal pieces
+        on_reduced = partial(reduce_op::avg);
+        if (p.is_shard() && x.shape[static_cast<std::size_t>(p.dim())] % shards_of(a, x.placements, p.dim()) != 0)
+          on_reduced.reset();
       }
-      add_unique(opts, all_replicate(1));
-      return opts;
+      return reduction_options(reduced, o.keepdim, p, on_reduced, linear_partial);
+    });
+  }
+};
+
+/// var over `dims` (PyTorch's std_var_reduction_strategy, reduction_linear=False): a Shard of
+/// a kept dim moves with the removed dims; a reduced dim must be whole (a Shard of it
+/// gathered), a Partial reduced; then all-Replicate.
+struct var {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const dtensor_spec& x = a.in.at(0);
+    const std::vector<bool> reduced = reduced_dims(o.dims, x.shape.size(), O::name.data());
+    return expand(a, 1, [&](int m) {
+      return reduction_options(reduced, o.keepdim, x.placements[static_cast<std::size_t>(m)], std::nullopt,
+                               [](const placement&) { return false; });
+    });
+  }
+};
+
+/// amax / amin over `dims`, max() / min() over every dim (PyTorch's linear_reduction_strategy
+/// with "max" / "min"): a Shard of a reduced dim gives Partial(max) / Partial(min) (the
+/// extreme of the local extremes; gathered where a rank's piece is empty), a Partial of the
+/// same op stays, another Partial is reduced;
+/// a Shard of a kept dim moves with the removed dims; then all-Replicate.
+struct extreme {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const dtensor_spec& x = a.in.at(0);
+    const reduce_op op = (O::name == "amax" || O::name == "max") ? reduce_op::max : reduce_op::min;
+    std::vector<bool> reduced(x.shape.size(), true);
+    bool keepdim = false;
+    if constexpr (requires { o.dims; }) {
+      reduced = reduced_dims(o.dims, x.shape.size(), O::name.data());
+      keepdim = o.keepdim;
+    }
+    return expand(a, 1, [&](int m) {
+      const placement p = x.placements[static_cast<std::size_t>(m)];
+      std::optional<placement> on_reduced = partial(op);
+      if (p.is_shard() && !no_empty_piece(a, x, p.dim())) on_reduced.reset();  // gathered instead
+      return reduction_options(reduced, keepdim, p, on_reduced, [op](const placement& q) { return q.is_partial(op); });
+    });
+  }
+};
+
+/// max(dim) / min(dim) (values and indices) and argmax / argmin (over `dim`, or the flattened
+/// input): the reduced dim must be whole, as for var (PyTorch reduces the values to
+/// Partial(max), but local indices do not reduce so; its argmax gathers too); a Shard of a kept
+/// dim moves with the removed dim; then all-Replicate.
+struct select_reduction {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const dtensor_spec& x = a.in.at(0);
+    std::vector<bool> reduced(x.shape.size(), true);
+    const std::optional<std::int64_t> dim = o.dim;  // argmax's may be absent: every dim
+    if (dim && !x.shape.empty()) reduced = reduced_dims({*dim}, x.shape.size(), O::name.data());
+    return expand(a, 1, [&](int m) {
+      return reduction_options(reduced, o.keepdim, x.placements[static_cast<std::size_t>(m)], std::nullopt,
+                               [](const placement&) { return false; });
     });
   }
 };
@@ -298,6 +411,32 @@ struct softmax {
       add_unique(opts, all_replicate(1));
       return opts;
     });
+  }
+};
+
+/// softmax_backward / log_softmax_backward(grad, output) along `dim` (PyTorch's
+/// softmax_backward_strategy): both inputs and the result follow the placements of whichever
+/// input has more shards (grad on a tie), with `dim` whole and Partials reduced; then
+/// all-Replicate.
+struct softmax_backward {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const dtensor_spec& g = a.in.at(0);
+    const dtensor_spec& y = a.in.at(1);
+    const std::int64_t dim = normalize_dim(o.dim, g.shape.size(), O::name.data());
+    auto shards = [&](const dtensor_spec& s) {
+      std::int64_t n = 1;
+      for (std::size_t m = 0; m < s.placements.size(); ++m)
+        if (s.placements[m].is_shard()) n *= a.mesh_shape[m];
+      return n;
+    };
+    std::vector<placement> t;
+    for (const auto& p : (shards(g) >= shards(y) ? g : y).placements)
+      t.push_back(p.is_partial() || p.is_shard(dim) ? replicate() : p);
+    std::vector<sharding_strategy> out{{t, {t, t}}};
+    const std::vector<placement> r(t.size(), replicate());
+    if (t != r) out.push_back({r, {r, r}});
+    return out;
   }
 };
 
@@ -456,6 +595,240 @@ struct cat {
           add_unique(opts, {p, std::vector<placement>(n, p)});
       }
       add_unique(opts, all_replicate(n));
+      return opts;
+    });
+  }
+};
+
+/// narrow(dim, start, length) (PyTorch's gen_slice_strategy): every placement kept, but a
+/// Shard of `dim` is gathered unless the narrow keeps all of it (start 0, the whole length).
+struct narrow {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const shape_t& x = a.in.at(0).shape;
+    const std::int64_t dim = normalize_dim(o.dim, x.size(), "narrow");
+    const bool whole = o.start == 0 && o.length == x[static_cast<std::size_t>(dim)];
+    return detail::sharding::follow_dims(a, [&](std::int64_t d) { return d == dim && !whole ? -1 : d; });
+  }
+};
+
+/// select(dim, index) (PyTorch's select_int_strategy): a Shard of `dim` gathered, a Shard of a
+/// later dim moves down one; Partial and Replicate kept.
+struct select {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const std::int64_t dim = normalize_dim(o.dim, a.in.at(0).shape.size(), "select");
+    return detail::sharding::follow_dims(a, [&](std::int64_t d) { return d == dim ? -1 : d > dim ? d - 1 : d; });
+  }
+};
+
+/// unsqueeze(dim) (PyTorch's dim_unsqueeze view rule): a Shard of `dim` or later moves up one.
+struct unsqueeze {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const std::int64_t dim = normalize_dim(o.dim, a.in.at(0).shape.size() + 1, "unsqueeze");
+    return detail::sharding::follow_dims(a, [&](std::int64_t d) { return d >= dim ? d + 1 : d; });
+  }
+};
+
+/// squeeze(dim) (PyTorch's dim_squeeze): when `dim` has size 1 it goes, a Shard of a later dim
+/// moving down one (a Shard of the size-1 dim itself is gathered); otherwise nothing moves.
+struct squeeze {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const shape_t& x = a.in.at(0).shape;
+    if (x.empty()) return detail::sharding::follow_dims(a, [](std::int64_t d) { return d; });
+    const std::int64_t dim = normalize_dim(o.dim, x.size(), "squeeze");
+    const bool drops = x[static_cast<std::size_t>(dim)] == 1;
+    return detail::sharding::follow_dims(
+        a, [&](std::int64_t d) { return !drops ? d : d == dim ? -1 : d > dim ? d - 1 : d; });
+  }
+};
+
+/// Ops whose output lies exactly as their one input (contiguous; PyTorch's
+/// propagate_single_input_strategy): every placement kept.
+struct same_as_input {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O&, const sharding_args& a) {
+    return detail::sharding::follow_dims(a, [](std::int64_t d) { return d; });
+  }
+};
+
+/// repeat(repeats) (PyTorch's dim_repeat view rule): the new leading dims shift every Shard; a
+/// Shard of a dim repeated more than once is gathered (the copies would interleave); Partial
+/// and Replicate kept (repeat is linear).
+struct repeat {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    const auto n = static_cast<std::int64_t>(a.in.at(0).shape.size());
+    const auto pad = static_cast<std::int64_t>(o.repeats.size()) - n;
+    CCGRAPH_CHECK(pad >= 0, "repeat: ", o.repeats.size(), " repeats for a ", n, "-d dtensor");
+    return detail::sharding::follow_dims(
+        a, [&](std::int64_t d) { return o.repeats[static_cast<std::size_t>(pad + d)] == 1 ? pad + d : -1; });
+  }
+};
+
+/// stack(xs, dim) (PyTorch's stack_strategy): one placement per mesh dim all inputs follow,
+/// merged over the inputs in order (a Partial gives way to a Shard; two different Shards, or
+/// two different Partials, give Replicate; Replicate gives way to anything), then all-Replicate.
+/// The output's Shards of `dim` or later move up one.
+struct stack {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const std::size_t n = a.in.size();
+    const std::int64_t dim = normalize_dim(o.dim, a.in.at(0).shape.size() + 1, "stack");
+    return expand(a, n, [&](int m) {
+      placement follow = a.in[0].placements[static_cast<std::size_t>(m)];
+      for (std::size_t i = 1; i < n; ++i) {
+        const placement p = a.in[i].placements[static_cast<std::size_t>(m)];
+        if (p == follow || p.is_replicate()) continue;
+        if (follow.is_replicate() || (follow.is_partial() && p.is_shard())) follow = p;
+        else if (!(follow.is_shard() && p.is_partial())) follow = replicate();
+      }
+      std::vector<dim_option> opts;
+      const placement out = follow.is_shard() && follow.dim() >= dim ? shard(follow.dim() + 1) : follow;
+      opts.push_back({out, std::vector<placement>(n, follow)});
+      add_unique(opts, all_replicate(n));
+      return opts;
+    });
+  }
+};
+
+/// copy(dst, src) (copy_ made functional: src broadcast to dst's shape): pointwise over (dst,
+/// src) as PyTorch's copy_ (a pointwise op), not linear: a Partial is reduced.
+struct copy {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O&, const sharding_args& a) {
+    return pointwise::strategies_named("copy", a);
+  }
+};
+
+/// index_select(input, dim, index [k]) (PyTorch's index_select single-dim strategy): all-Replicate;
+/// input Shard(d) of another dim (index Replicate) gives Shard(d); index Shard(0) (input
+/// Replicate) gives Shard(dim); an input Partial passes (index Replicate).
+struct index_select {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const auto n = static_cast<std::int64_t>(a.in.at(0).shape.size());
+    const std::int64_t dim = normalize_dim(o.dim, static_cast<std::size_t>(n), "index_select");
+    return expand(a, 2, [&](int m) {
+      std::vector<dim_option> opts{all_replicate(2)};
+      for (std::int64_t d = 0; d < n; ++d)
+        if (d != dim) opts.push_back({shard(d), {shard(d), replicate()}});
+      if (!a.in.at(1).shape.empty()) opts.push_back({shard(dim), {replicate(), shard(0)}});
+      const placement p = a.in[0].placements[static_cast<std::size_t>(m)];
+      if (p.is_partial()) opts.push_back({p, {p, replicate()}});
+      return opts;
+    });
+  }
+};
+
+/// gather(input, dim, index) (PyTorch's gather_strategy, without its MaskPartial):
+/// all-Replicate; index Shard(dim) (input Replicate) gives Shard(dim); input and index both
+/// Shard(d) of another dim, where they have the same size, gives Shard(d).
+struct gather {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const shape_t& x = a.in.at(0).shape;
+    const shape_t& idx = a.in.at(1).shape;
+    const std::int64_t dim = normalize_dim(o.dim, x.size(), "gather");
+    return expand(a, 2, [&](int) {
+      std::vector<dim_option> opts{all_replicate(2)};
+      opts.push_back({shard(dim), {replicate(), shard(dim)}});
+      if (x.size() == idx.size())
+        for (std::size_t d = 0; d < x.size(); ++d)
+          if (static_cast<std::int64_t>(d) != dim && x[d] == idx[d]) {
+            const placement s = shard(static_cast<std::int64_t>(d));
+            opts.push_back({s, {s, s}});
+          }
+      return opts;
+    });
+  }
+};
+
+/// scatter_add(self, dim, index, src) (PyTorch's scatter_add_strategy): all-Replicate; all
+/// three Shard(d) of another dim where self, index and src have the same size (PyTorch checks
+/// self and index; a larger src would be cut at other offsets) gives Shard(d).
+struct scatter_add {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const shape_t& x = a.in.at(0).shape;
+    const shape_t& idx = a.in.at(1).shape;
+    const shape_t& src = a.in.at(2).shape;
+    const std::int64_t dim = normalize_dim(o.dim, x.size(), "scatter_add");
+    return expand(a, 3, [&](int) {
+      std::vector<dim_option> opts{all_replicate(3)};
+      if (x.size() == idx.size() && x.size() == src.size())
+        for (std::size_t d = 0; d < x.size(); ++d)
+          if (static_cast<std::int64_t>(d) != dim && x[d] == idx[d] && x[d] == src[d]) {
+            const placement s = shard(static_cast<std::int64_t>(d));
+            opts.push_back({s, {s, s, s}});
+          }
+      return opts;
+    });
+  }
+};
+
+/// cross_entropy(input [N, C, d...] or [C], target [N, d...][, weight [C]]) -> loss (PyTorch's
+/// log_softmax + nll_loss_forward strategies): the input's placement followed where it is a
+/// Shard of a dim other than the class dim, the target sharded on the matching dim, the weight
+/// Replicate; the loss Shard of that dim without reduction, Partial(sum) with "sum". With
+/// "mean" the batch is gathered: PyTorch's Partial(avg) is wrong where the pieces' summed
+/// weights differ (ignored targets, class weights). Then all-Replicate.
+struct cross_entropy {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O& o, const sharding_args& a) {
+    using namespace detail::sharding;
+    const std::size_t n_in = a.in.size();
+    const auto nd = static_cast<std::int64_t>(a.in.at(0).shape.size());
+    const std::int64_t cls = nd >= 2 ? 1 : 0;
+    return expand(a, n_in, [&](int m) {
+      std::vector<dim_option> opts;
+      const placement p = a.in[0].placements[static_cast<std::size_t>(m)];
+      if (p.is_shard() && p.dim() != cls && o.reduction != decltype(o.reduction)::mean) {
+        dim_option opt = all_replicate(n_in);
+        const std::int64_t td = p.dim() > cls ? p.dim() - 1 : p.dim();
+        opt.in[0] = p;
+        opt.in[1] = shard(td);
+        opt.out = o.reduction == decltype(o.reduction)::none ? shard(td) : partial(reduce_op::sum);
+        opts.push_back(opt);
+      }
+      add_unique(opts, all_replicate(n_in));
+      return opts;
+    });
+  }
+};
+
+/// scaled_dot_product_attention(q, k, v[, mask]) (PyTorch's SDPA strategies): all-Replicate;
+/// then the heads dim (-3), then each batch dim before it: q, k, v and the output sharded on it
+/// (where k and v have q's size there), the mask sharded on its matching dim, or Replicate where
+/// it broadcasts. The sequence and feature dims stay whole.
+struct sdpa {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O&, const sharding_args& a) {
+    using namespace detail::sharding;
+    const std::size_t n_in = a.in.size();
+    const shape_t& q = a.in.at(0).shape;
+    const auto nd = static_cast<std::int64_t>(q.size());
+    return expand(a, n_in, [&](int) {
+      std::vector<dim_option> opts{all_replicate(n_in)};
+      for (std::int64_t d = nd - 3; d >= 0; --d) {
+        const auto ud = static_cast<std::size_t>(d);
+        if (a.in[1].shape.size() != q.size() || a.in[2].shape.size() != q.size() || a.in[1].shape[ud] != q[ud] ||
+            a.in[2].shape[ud] != q[ud])
+          continue;
+        dim_option opt{shard(d), {shard(d), shard(d), shard(d)}};
+        if (n_in == 4) {
+          const shape_t& mask = a.in[3].shape;
+          const std::int64_t md = d - (nd - static_cast<std::int64_t>(mask.size()));
+          opt.in.push_back(md < 0 || mask[static_cast<std::size_t>(md)] == 1 ? replicate() : shard(md));
+        }
+        opts.push_back(opt);
+      }
       return opts;
     });
   }

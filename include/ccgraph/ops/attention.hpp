@@ -507,6 +507,7 @@ inline double sdpa_flops(const sdpa_sizes& s, bool causal, double e_factor, doub
 
 template <>
 struct op_traits<ops::scaled_dot_product_attention> : detail::attention_traits_common {
+  using sharding = sharding_rules::sdpa;
   using O = ops::scaled_dot_product_attention;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     CCGRAPH_CHECK(in.size() == 3 || in.size() == 4, O::name,

@@ -543,7 +543,7 @@ struct op_traits<ops::stack> {
         if (c.needs_grad(i)) c.add_grad(i, g.select(d, static_cast<std::int64_t>(i)));
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::stack;
 };
 
 template <>
@@ -588,7 +588,7 @@ struct op_traits<ops::repeat> {
       c.add_grad(0, sum(c.grad().reshape(split), dims).reshape(x.shape()));
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::repeat;
 };
 
 template <>
@@ -627,7 +627,7 @@ struct op_traits<ops::copy> {
       if (c.needs_grad(1)) c.add_grad(1, c.sum_to(c.grad(), c.input(1).shape()));
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::copy;
 };
 
 /// The traits every view op shares but `apply_view`: a view of input 0, inferred by applying
@@ -663,7 +663,7 @@ struct op_traits<ops::narrow> : view_traits_common<ops::narrow> {
     template <class C>
     static void backward(const ops::narrow& o, C& c) { c.add_grad(0, c.pad_into(c.grad(), c.input(0), o.dim, o.start)); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::narrow;
 };
 template <>
 struct op_traits<ops::transpose> : view_traits_common<ops::transpose> {
@@ -707,7 +707,7 @@ struct op_traits<ops::select> : view_traits_common<ops::select> {
       c.add_grad(0, c.pad_into(c.grad().unsqueeze(d), x, d, index));
     }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::select;
 };
 template <>
 struct op_traits<ops::unsqueeze> : view_traits_common<ops::unsqueeze> {
@@ -718,7 +718,7 @@ struct op_traits<ops::unsqueeze> : view_traits_common<ops::unsqueeze> {
     template <class C>
     static void backward(const ops::unsqueeze&, C& c) { c.add_grad(0, c.grad().reshape(c.input(0).shape())); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::unsqueeze;
 };
 /// contiguous: the input itself when contiguous, else a copy. Costed as the copy it is after a
 /// transpose (metas carry no strides to tell).
@@ -734,7 +734,7 @@ struct op_traits<ops::contiguous> : view_traits_common<ops::contiguous, alias_ki
     template <class C>
     static void backward(const ops::contiguous&, C& c) { c.add_grad(0, c.grad()); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::same_as_input;
 };
 
 /// Stacks equal-shaped values along a new dim `dim` (in [-(rank+1), rank]) into a new

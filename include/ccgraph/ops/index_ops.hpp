@@ -495,6 +495,7 @@ struct op_traits<ops::embedding_backward> : detail::index_traits_common {
 
 template <>
 struct op_traits<ops::index_select> : detail::index_traits_common {
+  using sharding = sharding_rules::index_select;
   /// Inputs: input, index (1-d or 0-d, i64/i32).
   static std::vector<tensor_meta> infer(const ops::index_select& o, const std::vector<tensor_meta>& in,
                                         const infer_ctx&) {
@@ -508,6 +509,7 @@ struct op_traits<ops::index_select> : detail::index_traits_common {
 
 template <>
 struct op_traits<ops::gather> : detail::index_traits_common {
+  using sharding = sharding_rules::gather;
   /// scatter_add of the gradient into zeros of the input's shape.
   struct gradient {
     template <class C>
@@ -528,6 +530,7 @@ struct op_traits<ops::gather> : detail::index_traits_common {
 
 template <>
 struct op_traits<ops::scatter_add> : detail::index_traits_common {
+  using sharding = sharding_rules::scatter_add;
   /// self gets the gradient; src the gradient gathered at the index.
   struct gradient {
     template <class C>

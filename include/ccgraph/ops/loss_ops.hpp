@@ -38,6 +38,7 @@ struct cross_entropy_backward {
 
 template <>
 struct op_traits<ops::cross_entropy> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::cross_entropy;
   /// cross_entropy_backward from the saved logsumexp; the target carries no gradient, and the
   /// class weights are not differentiated (an error when asked).
   struct gradient {

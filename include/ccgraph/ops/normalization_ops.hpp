@@ -105,6 +105,7 @@ struct softmax_op_traits : ops::detail::kernel_op_traits {
 /// softmax_backward and log_softmax_backward.
 template <class O, bool Log>
 struct softmax_backward_op_traits : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::softmax_backward;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     ops::detail::expect_inputs(O::name, in, 2);  // grad, output
     return {softmax_backward_meta(in[0], in[1], o.dim, O::name.data())};
@@ -232,6 +233,7 @@ struct op_traits<ops::layer_norm> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::rms_norm> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::layer_norm;
   /// rms_norm_backward from the saved rstd (which carries no gradient).
   struct gradient {
     template <class C>

@@ -153,12 +153,29 @@ struct bmm;
 struct linear;
 struct reduction;
 struct softmax;
+struct softmax_backward;
 struct layer_norm;
 struct embedding;
 struct transpose;
 struct permute;
 struct reshape;
 struct cat;
+struct var;
+struct extreme;
+struct select_reduction;
+struct narrow;
+struct select;
+struct unsqueeze;
+struct squeeze;
+struct same_as_input;
+struct repeat;
+struct stack;
+struct copy;
+struct index_select;
+struct gather;
+struct scatter_add;
+struct cross_entropy;
+struct sdpa;
 }  // namespace sharding_rules
 
 namespace detail {

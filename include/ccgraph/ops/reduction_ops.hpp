@@ -281,6 +281,7 @@ struct op_traits<ops::mean> : ops::detail::kernel_op_traits {
 
 template <>
 struct op_traits<ops::var> : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::var;
   /// var_backward (grad, input).
   struct gradient {
     template <class C>
@@ -309,6 +310,7 @@ namespace detail {
 /// amax and amin: one definition, `Max` picks the kernel.
 template <class O, bool Max>
 struct extreme_op_traits : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::extreme;
   /// amax_backward: the gradient split evenly over the elements equal to the result.
   struct gradient {
     template <class C>
@@ -340,6 +342,7 @@ namespace detail {
 /// max() and min() over every element.
 template <class O, bool Max>
 struct extreme_all_op_traits : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::extreme;
   /// max_backward: the gradient split evenly over the elements equal to the result.
   struct gradient {
     template <class C>
@@ -369,6 +372,7 @@ namespace detail {
 /// max(dim) and min(dim): values and i64 indices.
 template <class O, bool Max>
 struct extreme_dim_op_traits : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::select_reduction;
   /// max_dim_backward: the values' gradient at the selected indices (the indices carry none).
   struct gradient {
     template <class C>
@@ -408,6 +412,7 @@ namespace detail {
 /// argmax and argmin.
 template <class O, bool Max>
 struct arg_op_traits : ops::detail::kernel_op_traits {
+  using sharding = sharding_rules::select_reduction;
   /// An index carries no gradient.
   using gradient = not_differentiable;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {

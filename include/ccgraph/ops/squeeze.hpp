@@ -43,7 +43,7 @@ struct op_traits<ops::squeeze> : view_traits_common<ops::squeeze> {
     template <class C>
     static void backward(const ops::squeeze&, C& c) { c.add_grad(0, c.grad().reshape(c.input(0).shape())); }
   };
-  using sharding = sharding_todo;
+  using sharding = sharding_rules::squeeze;
 };
 
 /// Drops dimension `dim` of `x` when its size is 1 (torch.squeeze(x, dim)); a view. On tensors
