@@ -352,6 +352,26 @@ TEST_CASE("grad.trace.joint_graph_schedule_compile") {
   });
 }
 
+TEST_CASE("grad.trace.collective_without_gradient_reads_its_wait") {
+  // A collective whose result gets no gradient (it reaches the loss only through argmax) still
+  // runs its backward on every rank, with zeros for the missing gradient. Those zeros must read
+  // the collective's wait_tensor, not its raw output, which lint refuses (found by the random
+  // joint-graph programs of test_random_graph_ops.cpp).
+  autograd_test::ranks(2, [](cg::rank_context& ctx) {
+    auto f = [&](const auto& x) {
+      const auto y = cg::all_reduce(x, "sum", ctx.world());
+      return cg::sum(x * x) + cg::sum(cg::argmax(y).template to<double>()) * 0.0;
+    };
+    auto g = cg::trace([&](const auto& x) { return cg::grad(f)(x); }, cg::input<double>({3}));
+    CHECK_NOTHROW(g.lint());
+    const auto x = values({3}, -1, 1, 7 + ctx.rank());
+    const auto got = cg::compile(g, ctx)(x).to_vector();
+    const auto xv = x.to_vector();
+    REQUIRE(got.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(got[i] == doctest::Approx(2 * xv[i]).epsilon(1e-12));
+  });
+}
+
 // ---- collectives: the gradient of the sum of every rank's loss, world sizes 1-4 ---------------
 
 TEST_CASE("grad.collectives.all_reduce") {

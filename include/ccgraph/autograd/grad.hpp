@@ -63,10 +63,16 @@ class grad_ctx {
   symbolic<U> input(std::size_t i) const {
     return symbolic<U>(st_, n_->args().at(i));
   }
-  /// Output k as a traced value of element type U.
+  /// Output k as a traced value of element type U. A collective's output is its wait_tensor's
+  /// (tracing adds one per output, right after it): the graph may read a collective's result only
+  /// there, and a rule reading the raw output would give a graph that lint refuses.
   template <class U = T>
   symbolic<U> output(int k = 0) const {
-    return symbolic<U>(st_, {const_cast<node*>(n_), k});
+    const value_ref v{const_cast<node*>(n_), k};
+    if (n_->is_collective())
+      for (node* u : n_->users())
+        if (std::holds_alternative<ops::wait_tensor>(u->kind()) && u->args().at(0) == v) return symbolic<U>(st_, {u, 0});
+    return symbolic<U>(st_, v);
   }
   /// True when a gradient flows into output k.
   bool has_grad(int k = 0) const { return gout_.at(static_cast<std::size_t>(k)).has_value(); }
