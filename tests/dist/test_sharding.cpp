@@ -455,7 +455,8 @@ void same_values(const cg::tensor<U>& got, const cg::tensor<U>& want) {
 template <class F, class U, class... T>
 void both(cg::rank_context& ctx, const cg::device_mesh& mesh, F&& op, const places& out,
           const cg::tensor<U>& want, const in<T>&... ins) {
-  const unsigned line = (ins.line, ...);
+  const unsigned lines[] = {ins.line...};
+  const unsigned line = lines[sizeof...(ins) - 1];  // the last input's: the case's call
   INFO("the case at line ", line);
   {
     const auto r = op(layout(ctx, mesh, ins.full, ins.ps)...);
