@@ -247,8 +247,31 @@ std::set<std::string>& passes_that_changed() {
   return s;
 }
 
-/// One program on `world` ranks: eager, then traced, scheduled by each pass list and compiled,
-/// and compile_function'ed with every pass; each must give the eager bits.
+/// `g` scheduled by each pass list (linted) and compiled on `ctx`, run on (x0, x1): each must
+/// give `expected`, else `fail(how)`; a pass alone that changed the op sequence goes into
+/// `changed`. Then compile_function of `fn` with every pass, called twice.
+template <class G, class Fn, class Fail>
+void check_every_pass(const G& g, Fn& fn, cg::rank_context& ctx, const cg::tensor<float>& x0,
+                      const cg::tensor<float>& x1, const std::string& expected, std::set<std::string>& changed,
+                      Fail& fail) {
+  for (const auto& passes : pass_lists()) {
+    std::string how = "scheduled by";
+    for (const auto& p : passes) how += " " + p;
+    const auto s = cg::schedule(g, passes);
+    cg::lint(s);
+    if (passes.size() == 1 && cg::op_sequence(s) != cg::op_sequence(g)) {
+      std::lock_guard lk(seen_mutex);
+      changed.insert(passes[0]);
+    }
+    if (bits_of(cg::compile(s, ctx)(x0, x1)) != expected) fail(how);
+  }
+  auto f = cg::compile_function<float, float>(fn, ctx, {.passes = pass_lists().back()});
+  for (int call = 0; call < 2; ++call)
+    if (bits_of(f(x0, x1)) != expected) fail("compile_function with every pass, call " + std::to_string(call));
+}
+
+/// One program on `world` ranks: eager, then traced and run through check_every_pass; each must
+/// give the eager bits.
 void property(int world, std::uint64_t seed, int length) {
   const auto program = make_program(seed, length);
   const auto pick_out = static_cast<std::uint32_t>(seed * 7 + 3);
@@ -276,19 +299,7 @@ void property(int world, std::uint64_t seed, int length) {
       std::lock_guard lk(m);
       failures.push_back(os.str());
     };
-    for (const auto& passes : pass_lists()) {
-      std::string how = "scheduled by";
-      for (const auto& p : passes) how += " " + p;
-      const auto s = cg::schedule(g, passes);
-      if (passes.size() == 1 && cg::op_sequence(s) != cg::op_sequence(g)) {
-        std::lock_guard lk(seen_mutex);
-        passes_that_changed().insert(passes[0]);
-      }
-      if (bits_of(cg::compile(s, ctx)(x0, x1)) != expected) fail(how);
-    }
-    auto f = cg::compile_function<float, float>(fn, ctx, {.passes = pass_lists().back()});
-    for (int call = 0; call < 2; ++call)
-      if (bits_of(f(x0, x1)) != expected) fail("compile_function with every pass, call " + std::to_string(call));
+    check_every_pass(g, fn, ctx, x0, x1, expected, passes_that_changed(), fail);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
 }
@@ -336,19 +347,7 @@ void joint_property(int world, std::uint64_t seed, int length) {
       std::lock_guard lk(m);
       failures.push_back(os.str());
     };
-    for (const auto& passes : pass_lists()) {
-      std::string how = "scheduled by";
-      for (const auto& p : passes) how += " " + p;
-      const auto s = cg::schedule(g, passes);
-      cg::lint(s);
-      if (passes.size() == 1 && cg::op_sequence(s) != cg::op_sequence(g)) {
-        std::lock_guard lk(seen_mutex);
-        passes_that_changed_joint().insert(passes[0]);
-      }
-      if (bits_of(cg::compile(s, ctx)(x0, x1)) != expected) fail(how);
-    }
-    auto f = cg::compile_function<float, float>(step, ctx, {.passes = pass_lists().back()});
-    if (bits_of(f(x0, x1)) != expected) fail("compile_function with every pass");
+    check_every_pass(g, step, ctx, x0, x1, expected, passes_that_changed_joint(), fail);
   });
   for (const auto& f : failures) FAIL_CHECK(f);
 }
