@@ -543,27 +543,35 @@ dtensor<T, L> reshape(const dtensor<T, L>& x, const std::vector<std::int64_t>& s
   };
   return detail::sharded_call(o, local, x);
 }
-/// cat(xs, dim) on dtensors (sharding_rules::cat): a Shard of `dim` is gathered first.
-template <class T, class L>
-dtensor<T, L> cat(const std::vector<dtensor<T, L>>& xs, std::int64_t dim = 0) {
-  CCGRAPH_CHECK(!xs.empty(), "cat: no dtensors");
-  const ops::cat o{dim};
+namespace detail {
+/// An op over a list of dtensors (cat, stack): the cheapest of its rule's strategies, each input
+/// placed as the strategy says, `join` over the local pieces, the global shape from the op's
+/// infer.
+template <class O, class T, class L, class Join>
+dtensor<T, L> sharded_list_call(const O& o, const std::vector<dtensor<T, L>>& xs, const char* name, Join join) {
+  CCGRAPH_CHECK(!xs.empty(), name, ": no dtensors");
   std::vector<dtensor_spec> specs;
   for (const auto& x : xs) {
-    detail::check_same_mesh("cat", xs.front(), x);
+    check_same_mesh(name, xs.front(), x);
     specs.push_back(spec_of(x));
   }
-  const auto choice = choose_sharding(o, specs, xs.front().mesh(), sizeof(T));
-  const sharding_strategy& s = choice.best();
+  const sharding_strategy s = choose_sharding(o, specs, xs.front().mesh(), sizeof(T)).best();
   std::vector<L> locals;
   std::vector<tensor_meta> metas;
   for (std::size_t i = 0; i < xs.size(); ++i) {
-    locals.push_back(detail::place_for(xs[i], s.in[i], "cat").to_local());
+    locals.push_back(place_for(xs[i], s.in[i], name).to_local());
     metas.push_back({dtype_v<T>, xs[i].shape()});
   }
-  L out = cat(locals, dim);
-  const shape_t shape = op_traits<ops::cat>::infer(o, metas, infer_ctx{}).at(0).shape;
+  L out = join(locals);
+  const shape_t shape = op_traits<O>::infer(o, metas, infer_ctx{}).at(0).shape;
   return dtensor<T, L>(std::move(out), xs.front().mesh(), s.out, shape);
+}
+}  // namespace detail
+
+/// cat(xs, dim) on dtensors (sharding_rules::cat): a Shard of `dim` is gathered first.
+template <class T, class L>
+dtensor<T, L> cat(const std::vector<dtensor<T, L>>& xs, std::int64_t dim = 0) {
+  return detail::sharded_list_call(ops::cat{dim}, xs, "cat", [dim](const std::vector<L>& ls) { return cat(ls, dim); });
 }
 
 /// x.narrow(dim, start, length) on a dtensor (sharding_rules::narrow): a Shard of `dim` is
@@ -627,23 +635,8 @@ dtensor<T, L> copy(const dtensor<T, L>& dst, const dtensor<T, L>& src) {
 /// stack(xs, dim) on dtensors (sharding_rules::stack): the inputs follow one merged placement.
 template <class T, class L>
 dtensor<T, L> stack(const std::vector<dtensor<T, L>>& xs, std::int64_t dim = 0) {
-  CCGRAPH_CHECK(!xs.empty(), "stack: no dtensors");
-  const ops::stack o{dim};
-  std::vector<dtensor_spec> specs;
-  for (const auto& x : xs) {
-    detail::check_same_mesh("stack", xs.front(), x);
-    specs.push_back(spec_of(x));
-  }
-  const sharding_strategy s = choose_sharding(o, specs, xs.front().mesh(), sizeof(T)).best();
-  std::vector<L> locals;
-  std::vector<tensor_meta> metas;
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    locals.push_back(detail::place_for(xs[i], s.in[i], "stack").to_local());
-    metas.push_back({dtype_v<T>, xs[i].shape()});
-  }
-  L out = stack(locals, dim);
-  const shape_t shape = op_traits<ops::stack>::infer(o, metas, infer_ctx{}).at(0).shape;
-  return dtensor<T, L>(std::move(out), xs.front().mesh(), s.out, shape);
+  return detail::sharded_list_call(ops::stack{dim}, xs, "stack",
+                                   [dim](const std::vector<L>& ls) { return stack(ls, dim); });
 }
 
 }  // namespace ccgraph
