@@ -187,6 +187,27 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
     }
     check_equal(tp, p);
     check_equal(tst, st.tensors());
+    // traced and updating its inputs in place (compile_options::update_inputs): the same
+    // tensors are passed every step, and each call returns them
+    std::vector<cg::input_update> updates{{0, 0}, {1, 1}};  // (p0, p1, g0, g1, state...) -> (p0, p1, state...)
+    for (const cg::input_update& u : cg::update_inputs_range(4, 2, StateTensors)) updates.push_back(u);
+    auto cf_in_place = compile_n<n>(fn, ctx, {.compile = {.update_inputs = updates}});
+    std::vector<T> ip = deep_copies(p_start);
+    std::vector<T> ist = cg::optim::init(ip, o).tensors();
+    std::vector<const double*> where;
+    for (const T& x : ip) where.push_back(x.data());
+    for (const T& x : ist) where.push_back(x.data());
+    for (int s = 0; s < steps; ++s) {
+      std::vector<T> args = {ip[0], ip[1]};
+      for (const T& g : grads_at(s)) args.push_back(g);
+      for (const T& x : ist) args.push_back(x);
+      const std::vector<T> out = call_with<n>(cf_in_place, args);
+      REQUIRE(out.size() == n - 2);
+      for (std::size_t k = 0; k < out.size(); ++k) CHECK(out[k].data() == where[k]);
+    }
+    for (std::size_t k = 0; k < ip.size(); ++k) CHECK(ip[k].data() == where[k]);
+    check_equal(ip, p);
+    check_equal(ist, st.tensors());
     // one fused pointwise node per output
     const auto g = [&]<std::size_t... I>(std::index_sequence<I...>) {
       std::vector<T> shapes = params0();
@@ -216,7 +237,7 @@ inline std::vector<T> mlp_params() {
 /// value_and_grad then step_ in place), and checks every rank's loss and parameters against the
 /// single rank's after every step.
 template <std::size_t StateTensors, class Opt>
-void check_data_parallel(const Opt& o) {
+void check_data_parallel(const Opt& o, bool in_place = false) {
   // one rank, the concatenated batch
   const auto ref = ccgraph_test::dp::train_one_rank(batch_x(), batch_y(), mlp_params(), o, train_steps);
   const std::vector<double>& ref_loss = ref.loss;
@@ -228,18 +249,26 @@ void check_data_parallel(const Opt& o) {
     const T x = batch_x().narrow(0, r * per_rank, per_rank).contiguous();
     const T y = batch_y().narrow(0, r * per_rank, per_rank).contiguous();
     constexpr std::size_t n = 6 + StateTensors;
+    // In place: the parameters and the state (inputs 2..) are results 1.. written back.
+    cg::compile_options co;
+    if (in_place) co.update_inputs = cg::update_inputs_range(2, 1, 4 + StateTensors);
     auto cf = compile_n<n>(dp_train_step<State>(o, ctx.world()), ctx,
-                           {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}});
-    std::vector<T> p = mlp_params();
+                           {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co});
+    std::vector<T> p = deep_copies(mlp_params());
     std::vector<T> st = cg::optim::init(p, o).tensors();
+    const double* p0 = p[0].data();
     for (int s = 0; s < train_steps; ++s) {
       std::vector<T> args{x, y};
       for (const T& t : p) args.push_back(t);
       for (const T& t : st) args.push_back(t);
       const std::vector<T> out = call_with<n>(cf, args);
       REQUIRE(out.size() == 5 + StateTensors);
-      p.assign(out.begin() + 1, out.begin() + 5);
-      st.assign(out.begin() + 5, out.end());
+      if (in_place) {
+        CHECK(out[1].data() == p0);  // the parameter tensor itself, updated
+      } else {
+        p.assign(out.begin() + 1, out.begin() + 5);
+        st.assign(out.begin() + 5, out.end());
+      }
       INFO("rank ", r, " step ", s);
       CHECK(out[0].to_vector().at(0) == doctest::Approx(ref_loss[static_cast<std::size_t>(s)]).epsilon(1e-12));
       check_close(p, [&] {
@@ -319,6 +348,11 @@ TEST_CASE("optim.data_parallel.mlp_sgd_nesterov.world4") {
 
 TEST_CASE("optim.data_parallel.mlp_adamw.world4") {
   optim_test::check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.02, .weight_decay = 0.05});
+}
+
+TEST_CASE("optim.data_parallel.mlp_adamw_in_place.world4") {
+  // the step updates the parameters and AdamW's state in place (compile_options::update_inputs)
+  optim_test::check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.02, .weight_decay = 0.05}, true);
 }
 
 TEST_CASE("optim.errors") {

@@ -155,3 +155,106 @@ TEST_CASE("executor.graph_of_another_world_or_rank_is_refused_at_compile") {
                                              "[0, 1, 2, 3] does not split a world of 4 ranks (rank 0)"),
                 part);
 }
+
+TEST_CASE("executor.update_inputs.results_are_written_into_their_inputs") {
+  // compile_options::update_inputs: result 0 (p minus half the averaged g) is written into
+  // input p once the graph has run; result 1 reads the old p, so the write must come last.
+  auto fn = [](auto p, auto g) {
+    using V = decltype(p);
+    const V avg = cg::wait_tensor(cg::all_reduce(g, "avg", cg::group{std::vector<int>{0, 1}}));
+    return std::vector<V>{p - avg * 0.5f, cg::sum(p)};
+  };
+  auto tg = cg::trace(cg::trace_options{.world_size = 2}, fn, cg::input<float>({3}), cg::input<float>({3}));
+  for (const bool plan : {true, false})
+    for (const bool pending : {false, true})
+      cg::run_threads(2, [&](cg::rank_context& ctx) {
+        INFO("memory_plan ", plan, ", pending_outputs ", pending);
+        auto step = cg::compile(tg, ctx, {.memory_plan = plan, .pending_outputs = pending, .update_inputs = {{0, 0}}});
+        auto p = cg::tensor<float>::from({1, 2, 3}, {3});
+        const float r1 = float(ctx.rank() + 1);
+        const auto g = cg::tensor<float>::from({2 * r1, 0, -2 * r1}, {3});  // average {3, 0, -3}
+        const float* where = p.data();
+        std::vector<float> want{1, 2, 3};
+        for (int s = 0; s < 3; ++s) {
+          const float old_sum = want[0] + want[1] + want[2];
+          const auto out = step(p, g);
+          for (std::size_t i = 0; i < 3; ++i) want[i] -= 0.5f * std::vector<float>{3, 0, -3}[i];
+          CHECK(out[0].data() == where);  // the input tensor itself
+          CHECK(p.to_vector() == want);
+          CHECK(out[1].to_vector() == std::vector<float>{old_sum});
+        }
+        CHECK(step.exec().updated_inputs() == std::vector<cg::input_update>{{0, 0}});
+      });
+}
+
+TEST_CASE("executor.update_inputs.errors") {
+  auto tg = cg::trace([](auto p, auto q) { return std::vector<decltype(p)>{p + 1.f, q * 2.f, cg::sum(p)}; },
+                      cg::input<float>({4}), cg::input<float>({4}));
+  auto compile_error = [&](std::vector<cg::input_update> u) {
+    std::string msg;
+    ccgraph_test::run(1, [&](cg::rank_context& ctx) {
+      try {
+        (void)cg::compile(tg, ctx, {.update_inputs = u});
+      } catch (const cg::error& e) {
+        msg = e.what();
+      }
+    });
+    return msg;
+  };
+  CHECK(compile_error({{2, 0}}) == "compile: update_inputs[0] = {input 2, output 0}: the graph has 2 inputs");
+  CHECK(compile_error({{0, 3}}) == "compile: update_inputs[0] = {input 0, output 3}: the graph has 3 results");
+  CHECK(ccgraph_test::contains(compile_error({{0, 2}}), "compile: update_inputs[0] = {input 0, output 2}: the result is "));
+  CHECK(compile_error({{0, 0}, {0, 1}}) ==
+        "compile: update_inputs[1] = {input 0, output 1}: input 0 is already updated by update_inputs[0]");
+  CHECK(compile_error({{0, 0}, {1, 0}}) ==
+        "compile: update_inputs[1] = {input 1, output 0}: result 0 already updates input 0");
+
+  ccgraph_test::run(1, [&](cg::rank_context& ctx) {
+    auto step = cg::compile(tg, ctx, {.update_inputs = {{0, 0}, {1, 1}}});
+    const auto base = cg::tensor<float>::from({1, 2, 3, 4, 5, 6, 7, 8}, {8});
+    const auto q = cg::tensor<float>::from({1, 1, 1, 1}, {4});
+    auto error_of = [&](const cg::tensor<float>& a, const cg::tensor<float>& b) {
+      try {
+        (void)step(a, b);
+      } catch (const cg::error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    // elements sharing memory (an expanded tensor): refused, nothing written
+    std::vector<float> one{5};
+    const auto shared = cg::from_blob(one.data(), {4}, {0}, [](float*) {});
+    CHECK(ccgraph_test::contains(error_of(shared, q),
+                                 "compiled graph: input 0 is updated in place (compile_options::update_inputs) but its "
+                                 "elements share memory"));
+    CHECK(one == std::vector<float>{5});
+    // overlapping inputs: the same tensor twice, and two views of one storage that overlap
+    CHECK(error_of(q, q) == "compiled graph: input 0 is updated in place (compile_options::update_inputs) but shares "
+                            "memory with input 1; pass a tensor of its own");
+    CHECK(ccgraph_test::contains(error_of(base.narrow(0, 0, 4), base.narrow(0, 3, 4)), "shares memory with input 1"));
+    CHECK(q.to_vector() == std::vector<float>(4, 1.f));
+    CHECK(base.to_vector() == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});
+    // disjoint views of one storage are fine
+    const auto lo = base.narrow(0, 0, 4), hi = base.narrow(0, 4, 4);
+    (void)step(lo, hi);
+    CHECK(base.to_vector() == std::vector<float>{2, 3, 4, 5, 10, 12, 14, 16});
+  });
+
+  // A result that is another updated input: writing it would read what the call overwrites.
+  auto swap = cg::trace([](auto p, auto q) { return std::vector<decltype(p)>{q, p}; }, cg::input<float>({2}),
+                        cg::input<float>({2}));
+  ccgraph_test::run(1, [&](cg::rank_context& ctx) {
+    auto step = cg::compile(swap, ctx, {.memory_plan = false, .update_inputs = {{0, 0}, {1, 1}}});
+    const auto p = cg::tensor<float>::from({1, 2}, {2}), q = cg::tensor<float>::from({3, 4}, {2});
+    std::string msg;
+    try {
+      (void)step(p, q);
+    } catch (const cg::error& e) {
+      msg = e.what();
+    }
+    CHECK(msg == "compiled graph: result 0, written into input 0 (compile_options::update_inputs), is a view of "
+                 "input 1, which the call also updates; return a copy");
+    CHECK(p.to_vector() == std::vector<float>{1, 2});
+    CHECK(q.to_vector() == std::vector<float>{3, 4});
+  });
+}

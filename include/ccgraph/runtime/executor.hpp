@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -29,6 +30,23 @@
 #include <ccgraph/trace/trace.hpp>
 
 namespace ccgraph {
+
+/// An input that a compiled graph's call updates in place: the graph's result `output` is
+/// written into the tensor passed as input `input` (see compile_options::update_inputs).
+struct input_update {
+  std::size_t input;
+  std::size_t output;
+  friend bool operator==(const input_update&, const input_update&) = default;
+};
+
+/// {first_input + j, first_output + j} for j < count: parameters and optimizer state passed in
+/// and returned in the same order, the layout of a traced training step.
+inline std::vector<input_update> update_inputs_range(std::size_t first_input, std::size_t first_output,
+                                                     std::size_t count) {
+  std::vector<input_update> out;
+  for (std::size_t j = 0; j < count; ++j) out.push_back({first_input + j, first_output + j});
+  return out;
+}
 
 /// How a graph is compiled.
 struct compile_options {
@@ -52,6 +70,16 @@ struct compile_options {
   /// memory is the caller's: the memory plan never reuses it. In cuda_graph mode a replay's
   /// results are ordered on the rank's stream either way.
   bool pending_outputs = false;
+  /// Inputs every call updates in place, as an optimizer updates its parameters and state:
+  /// for each {input, output}, the graph's result `output` is written into the tensor passed
+  /// as input `input` once the graph has run (after every read of the old value), and that
+  /// very tensor is returned as the result. Numbers count the graph's placeholders and results
+  /// (for compile_function: its tensor arguments and its flattened results); each pair's
+  /// shapes and dtypes must match. In a CUDA Graph the write is part of the replay: pass the
+  /// same tensors on every call and nothing else is copied. A call refuses, before running,
+  /// an updated tensor whose elements share memory or that overlaps another input; with
+  /// pending_outputs, a call that updates inputs waits for its results before writing.
+  std::vector<input_update> update_inputs{};
 };
 
 namespace detail {
@@ -90,6 +118,33 @@ inline void copy_any(const any_tensor& dst, const any_tensor& src) {
     using X = std::decay_t<decltype(d)>;
     X(d).copy_(std::get<X>(src));
   }, dst);
+}
+
+/// The bytes of a storage a tensor's elements can touch, for overlap checks.
+struct memory_span {
+  const void* storage = nullptr;  // null: no elements
+  std::int64_t begin = 0, end = 0;
+  bool self_overlapping = false;  // a stride 0 on a dim of several elements
+  bool overlaps(const memory_span& o) const {
+    return storage && storage == o.storage && begin < o.end && o.begin < end;
+  }
+};
+inline memory_span span_of(const any_tensor& t) {
+  return ::ccgraph::detail::visit([](const auto& x) {
+    memory_span s;
+    using T = typename std::decay_t<decltype(x)>::value_type;
+    if (x.numel() == 0 || !x.storage()) return s;
+    std::int64_t lo = x.storage_offset(), hi = x.storage_offset();
+    for (std::size_t d = 0; d < x.shape().size(); ++d) {
+      const std::int64_t step = (x.shape()[d] - 1) * x.strides()[d];
+      (step < 0 ? lo : hi) += step;
+      s.self_overlapping = s.self_overlapping || (x.shape()[d] > 1 && x.strides()[d] == 0);
+    }
+    s.storage = x.storage().get();
+    s.begin = lo * static_cast<std::int64_t>(sizeof(T));
+    s.end = (hi + 1) * static_cast<std::int64_t>(sizeof(T));
+    return s;
+  }, t);
 }
 
 /// A tensor of meta `m` at byte `offset` of `arena` (contiguous).
@@ -191,6 +246,8 @@ class basic_executor {
     has_collectives_ = std::any_of(overlaps_.begin(), overlaps_.end(),
                                    [](detail::overlap_hint h) { return h != detail::overlap_hint::unknown; });
     inputs_ = g_.placeholders();
+    updates_ = std::move(opt.update_inputs);
+    check_updates();
     cuda_graph_ = opt.cuda_graph;
     static_outputs_ = opt.static_outputs;
     if (cuda_graph_) captured_ = std::make_shared<std::shared_ptr<detail::captured_graph>>();
@@ -248,19 +305,23 @@ class basic_executor {
   /// reads each input in place, bound by pointer to the tensor the first call passed (weights
   /// passed again on every call cost nothing); an input that a later call replaces by another
   /// tensor is from then on copied into a static buffer, for which the graph is recorded once
-  /// more (the caller's tensors are never written). The compiled graph keeps bound tensors
-  /// alive.
+  /// more (the caller's tensors are never written, except those compile_options::update_inputs
+  /// names). The compiled graph keeps bound tensors alive.
   std::vector<any_tensor> run(const std::vector<any_tensor>& inputs) const {
     CCGRAPH_CHECK(inputs.size() == inputs_.size(), "compiled graph: called with ", inputs.size(),
                   " inputs, expected ", inputs_.size());
-    if (!cuda_graph_) return interpret(inputs);
+    check_update_targets(inputs);
+    if (!cuda_graph_) return write_back(inputs, interpret(inputs));
     if (!captured()) {
-      auto results = interpret(inputs);
+      auto results = write_back(inputs, interpret(inputs));
       capture(inputs, std::vector<bool>(inputs.size(), false));
       return results;
     }
     return replay(inputs);
   }
+
+  /// The inputs each call updates in place (compile_options::update_inputs).
+  const std::vector<input_update>& updated_inputs() const { return updates_; }
 
   /// True when input `i` of the recorded CUDA Graph is read in place from the tensor the
   /// caller passes (bound by pointer), false when it is copied into a static buffer (or before
@@ -298,7 +359,7 @@ class basic_executor {
     if (moved) {
       // A bound input was replaced: this call runs eagerly, and the graph is recorded again
       // with static buffers for the inputs that moved (once per input; later calls replay).
-      auto results = interpret(inputs);
+      auto results = write_back(inputs, interpret(inputs));
       detail::require_device_runtime("compiled graph", cg.dev).synchronize(cg.dev);  // the old recording goes next
       capture(inputs, copied);
       return results;
@@ -314,14 +375,91 @@ class basic_executor {
     // yet waited), so the replay waits for those first.
     if (has_collectives_) ctx_->comm().join();
     detail::require_device_runtime("compiled graph", cg.dev).replay(cg.dev, cg.handle);
-    if (static_outputs_) return cg.outputs;
+    // The replay wrote each updated input's new value into what it reads the input from: a
+    // static buffer holds it where the caller's tensor is not bound.
+    std::vector<bool> updated(cg.outputs.size(), false);
+    for (const input_update& u : updates_) {
+      if (!same[u.input]) detail::copy_any(inputs[u.input], cg.inputs[u.input]);
+      updated[u.output] = true;
+    }
     std::vector<any_tensor> out;
     out.reserve(cg.outputs.size());
-    for (auto& t : cg.outputs) {
-      out.push_back(detail::empty_like(t, cg.dev));
-      detail::copy_any(out.back(), t);
+    for (std::size_t k = 0; k < cg.outputs.size(); ++k) {
+      if (static_outputs_ || updated[k]) {
+        out.push_back(cg.outputs[k]);
+      } else {
+        out.push_back(detail::empty_like(cg.outputs[k], cg.dev));
+        detail::copy_any(out.back(), cg.outputs[k]);
+      }
     }
+    for (const input_update& u : updates_) out[u.output] = inputs[u.input];
     return out;
+  }
+
+  /// Checks compile_options::update_inputs against the graph (at compile).
+  void check_updates() const {
+    const node* out = g_.output_node();
+    const std::size_t results = out ? out->args().size() : 0;
+    for (std::size_t a = 0; a < updates_.size(); ++a) {
+      const input_update& u = updates_[a];
+      const std::string what =
+          detail::concat("compile: update_inputs[", a, "] = {input ", u.input, ", output ", u.output, "}");
+      CCGRAPH_CHECK(u.input < inputs_.size(), what, ": the graph has ", inputs_.size(), " inputs");
+      CCGRAPH_CHECK(u.output < results, what, ": the graph has ", results, " results");
+      const value_ref& r = out->args()[u.output];
+      const tensor_meta& mo = r.src->meta(r.index);
+      const tensor_meta& mi = inputs_[u.input]->meta();
+      CCGRAPH_CHECK(mo == mi, what, ": the result is ", mo.str(), " but the input is ", mi.str());
+      for (std::size_t b = 0; b < a; ++b) {
+        CCGRAPH_CHECK(updates_[b].input != u.input, what, ": input ", u.input, " is already updated by update_inputs[",
+                      b, "]");
+        CCGRAPH_CHECK(updates_[b].output != u.output, what, ": result ", u.output,
+                      " already updates input ", updates_[b].input);
+      }
+    }
+  }
+
+  /// Refuses, before anything runs, an updated input that cannot take its new value as one
+  /// write: elements sharing memory, or memory shared with another input (which the write
+  /// would change, or whose own update would race with it).
+  void check_update_targets(const std::vector<any_tensor>& inputs) const {
+    for (const input_update& u : updates_) {
+      const detail::memory_span a = detail::span_of(inputs[u.input]);
+      CCGRAPH_CHECK(!a.self_overlapping, "compiled graph: input ", u.input,
+                    " is updated in place (compile_options::update_inputs) but its elements share memory (shape ",
+                    meta_of(inputs[u.input]).str(), " with a stride 0); pass a contiguous copy");
+      for (std::size_t j = 0; j < inputs.size(); ++j)
+        CCGRAPH_CHECK(j == u.input || !a.overlaps(detail::span_of(inputs[j])), "compiled graph: input ", u.input,
+                      " is updated in place (compile_options::update_inputs) but shares memory with input ", j,
+                      "; pass a tensor of its own");
+    }
+  }
+
+  /// Writes each updated input's new value (its result) into the input's tensor, which then
+  /// stands for that result. Two results that would write the same memory twice, or one that
+  /// reads memory another update writes, are refused before any write.
+  std::vector<any_tensor> write_back(const std::vector<any_tensor>& targets, std::vector<any_tensor> results) const {
+    for (const input_update& u : updates_) {
+      const detail::memory_span src = detail::span_of(results[u.output]);
+      for (const input_update& v : updates_)
+        CCGRAPH_CHECK(v.input == u.input || !src.overlaps(detail::span_of(targets[v.input])), "compiled graph: result ",
+                      u.output, ", written into input ", u.input, " (compile_options::update_inputs), is a view of input ",
+                      v.input, ", which the call also updates; return a copy");
+    }
+    if (updates_.empty()) return results;
+    // A result left pending (compile_options::pending_outputs) may be a collective still
+    // reading an input this is about to overwrite: such calls wait for their results.
+    for (const any_tensor& r : results) ::ccgraph::detail::visit([](const auto& x) { x.wait(); }, r);
+    for (const input_update& u : updates_) {
+      detail::copy_any(targets[u.input], results[u.output]);
+      results[u.output] = targets[u.input];
+    }
+    return results;
+  }
+
+  /// True when result `k` is written into an input (compile_options::update_inputs).
+  bool is_update_output(std::size_t k) const {
+    return std::any_of(updates_.begin(), updates_.end(), [&](const input_update& u) { return u.output == k; });
   }
 
   /// True when `t` is a finished result that lives in `arena` (so it need not be copied out).
@@ -357,14 +495,16 @@ class basic_executor {
     rt.capture_begin(cg->dev);
     try {
       {
-        auto results = interpret(cg->inputs, cg->arena);
+        auto results = write_back(cg->inputs, interpret(cg->inputs, cg->arena));
         // A result in the arena is its own static output: nothing later in the graph writes
         // there, and the arena lives as long as the recording. Any other result (a view of an
         // input, a pending collective, memory allocated while recording) is copied into its
         // static output, which waits for it; the run's own buffers are freed before the
         // recording ends, inside the graph.
         for (std::size_t i = 0; i < results.size(); ++i) {
-          if (in_arena(results[i], cg->arena))
+          if (is_update_output(i))
+            aliased.emplace_back(i, results[i]);  // the input it was written into
+          else if (in_arena(results[i], cg->arena))
             aliased.emplace_back(i, results[i]);
           else
             detail::copy_any(cg->outputs[i], results[i]);
@@ -521,6 +661,7 @@ class basic_executor {
   std::vector<detail::overlap_hint> overlaps_;  // per position: what runs beside a collective
   bool has_collectives_ = false;
   std::vector<node*> inputs_;
+  std::vector<input_update> updates_;
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
 };
