@@ -355,6 +355,20 @@ TEST_CASE("optim.data_parallel.mlp_adamw_in_place.world4") {
   optim_test::check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.02, .weight_decay = 0.05}, true);
 }
 
+TEST_CASE("optim.adamw.bf16_parameters_are_refused") {
+  // In bf16 beta2 = 0.999 rounds to 1: 1 - beta2^t = 0 and the update would be lost (NaN where
+  // the second moment is 0), silently. Refused, eager and traced, naming why.
+  using B = cg::tensor<cg::bf16>;
+  std::vector<B> p{cg::uniform<cg::bf16>({4}, -1, 1, 1)};
+  const std::vector<B> g{cg::uniform<cg::bf16>({4}, -1, 1, 2)};
+  auto st = cg::optim::init(p, cg::optim::adamw_options{});
+  const std::string e = ccgraph_test::error_of([&] { (void)cg::optim::step(p, g, st, cg::optim::adamw_options{}); });
+  CHECK(ccgraph_test::contains(e, "optim::step(adamw): parameters of bf16 are not supported: AdamW's constants (beta2 = 0.999) "
+                                  "would be rounded to bf16; keep f32 parameters (master weights)"));
+  const std::string e2 = ccgraph_test::error_of([&] { cg::optim::step_(p, g, st, cg::optim::adamw_options{}); });
+  CHECK(ccgraph_test::contains(e2, "parameters of bf16 are not supported"));
+}
+
 TEST_CASE("optim.errors") {
   using namespace optim_test;
   auto p = params0();

@@ -37,7 +37,7 @@ std::vector<T> mlp_params() {
 
 /// Trains on `world` GPUs and checks each step against one CPU rank on the whole batch.
 template <std::size_t StateTensors, class Opt>
-void check_data_parallel(const Opt& o, int world) {
+void check_data_parallel(const Opt& o, int world, bool in_place = false) {
   const T x = cg::uniform<float>({world * per_rank, in_dim}, -1, 1, 201);
   const T y = cg::uniform<float>({world * per_rank, out_dim}, -1, 1, 202);
   // One rank on the CPU, the concatenated batch: value_and_grad then the in-place step.
@@ -51,15 +51,19 @@ void check_data_parallel(const Opt& o, int world) {
     const int r = ctx.rank();
     const T xd = x.narrow(0, r * per_rank, per_rank).contiguous().cuda(r);
     const T yd = y.narrow(0, r * per_rank, per_rank).contiguous().cuda(r);
+    // In place: parameters and state (inputs 2..) are updated from results 1.. inside the replay.
+    cg::compile_options co{.cuda_graph = true};
+    if (in_place) co.update_inputs = cg::update_inputs_range(2, 1, 4 + StateTensors);
     auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return cg::compile_function<std::conditional_t<(I < n), float, void>...>(
           dp_train_step<State>(o, ctx.world()), ctx,
-          {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = {.cuda_graph = true}});
+          {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co});
     }(std::make_index_sequence<n>{});
     std::vector<T> p;
     for (const T& w : mlp_params()) p.push_back(w.cuda(r));
     std::vector<T> st = cg::optim::init(p, o).tensors();
     REQUIRE(st.size() == StateTensors);
+    const float* p0 = p[0].data_unsynced();
     for (int s = 0; s < train_steps; ++s) {
       std::vector<T> args{xd, yd};
       args.insert(args.end(), p.begin(), p.end());
@@ -68,8 +72,12 @@ void check_data_parallel(const Opt& o, int world) {
         return step(args[I]...);
       }(std::make_index_sequence<n>{});
       REQUIRE(out.size() == 5 + StateTensors);
-      p.assign(out.begin() + 1, out.begin() + 5);
-      st.assign(out.begin() + 5, out.end());
+      if (in_place) {
+        CHECK(out[1].data_unsynced() == p0);  // the parameter itself, written by the replay
+      } else {
+        p.assign(out.begin() + 1, out.begin() + 5);
+        st.assign(out.begin() + 5, out.end());
+      }
       const std::string where = "rank " + std::to_string(r) + ", step " + std::to_string(s);
       CHECK(out[0].device().is_cuda());
       CHECK_MESSAGE(out[0].cpu().to_vector().at(0) ==
@@ -88,6 +96,11 @@ GPUS_TEST_CASE("gpu.data_parallel.mlp_sgd_momentum.2_gpus", 2) {
 
 GPUS_TEST_CASE("gpu.data_parallel.mlp_adamw.2_gpus", 2) {
   check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.01, .weight_decay = 0.05}, 2);
+}
+
+GPUS_TEST_CASE("gpu.data_parallel.mlp_adamw_in_place.2_gpus", 2) {
+  // parameters and AdamW's state updated in place by the replayed CUDA Graph (update_inputs)
+  check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.01, .weight_decay = 0.05}, 2, true);
 }
 
 }  // namespace gpu_test_data_parallel

@@ -33,11 +33,13 @@ namespace ccgraph {
 namespace detail {
 
 /// Calls f(tag) with a value of the floating element type `d` that gradients are taken in
-/// (f32, f64); any other type is an error naming `what`.
+/// (f32, f64, bf16: a bf16 value's gradient is bf16, as in PyTorch); any other type is an error
+/// naming `what`.
 template <class F>
 decltype(auto) visit_grad_dtype(dtype d, std::string_view what, F&& f) {
   if (d == dtype::f64) return f(double{});
-  CCGRAPH_CHECK(d == dtype::f32, "grad: ", what, " is ", d, "; gradients are taken in f32 and f64 (", d,
+  if (d == dtype::bf16) return f(bf16{});
+  CCGRAPH_CHECK(d == dtype::f32, "grad: ", what, " is ", d, "; gradients are taken in f32, f64 and bf16 (", d,
                 " is not supported yet)");
   return f(float{});
 }

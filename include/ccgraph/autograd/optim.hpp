@@ -207,6 +207,13 @@ step_result<V, adamw_state<V>> adamw(const std::vector<V>& params, const std::ve
                                      const adamw_state<V>& state, const adamw_options& o, Store store,
                                      std::string_view what) {
   check_options(o, what);
+  // The update's constants are rounded to the parameters' element type (scalar operands take
+  // the expression's type): in bf16, beta2 = 0.999 becomes 1, so 1 - beta2^t is 0 and the update
+  // is lost (or NaN where the second moment is 0). Refused until the update computes in f32.
+  using E = typename V::value_type;
+  CCGRAPH_CHECK(dtype_v<E> == dtype::f32 || dtype_v<E> == dtype::f64, what, ": parameters of ", dtype_v<E>,
+                " are not supported: AdamW's constants (beta2 = ", o.beta2, ") would be rounded to ", dtype_v<E>,
+                "; keep f32 parameters (master weights)");
   check_like(what, params, grads, "grads");
   check_like(what, params, state.exp_avg, "exp_avg");
   check_like(what, params, state.exp_avg_sq, "exp_avg_sq");

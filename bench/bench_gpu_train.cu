@@ -1,0 +1,150 @@
+// bench_gpu_train: issue 15 item 6, a data-parallel training step on the GPUs of one host (2 at
+// most), the workload of PERF.md's training table and of ../shared/bench/torch_train_anchor.py:
+//
+//   x[T, H] -> linear(w1[F, H]) -> gelu -> linear(w2[H, F]) -> mean(y^2)     bf16, no bias
+//   backward; the two weight gradients all_reduced (avg) over NCCL; AdamW (lr 1e-4)
+//
+// traced into one graph (cg::value_and_grad, cg::all_reduce, cg::optim::step), scheduled with the
+// overlap passes and replayed as one CUDA Graph per step. Two ways:
+//   in_place    compile_options::update_inputs: the replay writes the new weights and AdamW state
+//               into the tensors passed in (the same every step), as torch's fused AdamW does;
+//   functional  each step's new weights and state are the next step's inputs: every replay first
+//               copies them into the recording's static buffers.
+// Timing as the anchor's: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
+// median of 10. Inputs are random (randn / nn.Linear's uniform init). Prints a table and one
+// `RESULT <workload> <impl> <ms> ms` line per row; bench/compare_train.sh runs the anchor beside it.
+//
+// Usage: bench_gpu_train [--quick]   (--quick: T = 2048, for a smoke run)
+#include <ccgraph/cuda.hpp>
+
+#include "bench_args.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cg = ccgraph;
+using i64 = std::int64_t;
+using bf = cg::bf16;
+using T = cg::tensor<bf>;
+
+namespace {
+
+/// The MLP's loss: mean of the squared output (the anchor's `(y.float() ** 2).mean()`).
+struct mlp_loss {
+  template <class V>
+  auto operator()(const V& x, const V& w1, const V& w2) const {
+    const V y = cg::matmul(cg::gelu(cg::matmul(x, w1.transpose(0, 1))), w2.transpose(0, 1));
+    return cg::mean(y * y);
+  }
+};
+
+/// One step as a traced function of (x, w1, w2, AdamW's step, exp_avg x2, exp_avg_sq x2):
+/// returns the loss, the new weights and the new state, in the inputs' order.
+auto train_step(cg::optim::adamw_options o, cg::group world) {
+  return [o, world](const auto& x, const auto& w1, const auto& w2, const auto&... st) {
+    using V = std::decay_t<decltype(x)>;
+    auto [loss, g1, g2] = cg::value_and_grad(mlp_loss{}, {1, 2})(x, w1, w2);
+    const std::vector<V> grads{cg::all_reduce(g1, "avg", world), cg::all_reduce(g2, "avg", world)};
+    const auto r = cg::optim::step(std::vector<V>{w1, w2}, grads, cg::optim::adamw_state<V>::from_tensors({st...}), o);
+    std::vector<V> out{loss};
+    for (const V& p : r.params) out.push_back(p);
+    for (const V& t : r.state.tensors()) out.push_back(t);
+    return out;
+  };
+}
+constexpr std::size_t n_inputs = 3 + 5;
+
+/// Median of `iters` steps after `warm`, CUDA events on this thread's stream.
+template <class F>
+double time_ms(F&& step, int warm = 4, int iters = 10) {
+  for (int i = 0; i < warm; ++i) step();
+  cudaStream_t s = cg::cuda::current_stream();
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> ts;
+  cudaEvent_t a, b;
+  CCGRAPH_CHECK_CUDA(cudaEventCreate(&a));
+  CCGRAPH_CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < iters; ++i) {
+    CCGRAPH_CHECK_CUDA(cudaEventRecord(a, s));
+    step();
+    CCGRAPH_CHECK_CUDA(cudaEventRecord(b, s));
+    CCGRAPH_CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CCGRAPH_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms);
+  }
+  CCGRAPH_CHECK_CUDA(cudaEventDestroy(a));
+  CCGRAPH_CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::args args(argc, argv, "[--quick]", {"--quick"});
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
+    std::printf("bench_gpu_train: no GPU\n");
+    return 0;
+  }
+  const int world = std::min(gpus, 2);
+  const i64 t_rows = args.has("--quick") ? 2048 : 8192, h = 4096, f = 16384;
+  const cg::optim::adamw_options opt{.lr = 1e-4};
+  const std::string workload = "dp_mlp_T" + std::to_string(t_rows) + "_H" + std::to_string(h) + "_F" + std::to_string(f);
+  std::vector<double> ms(2, 0.0);
+  std::vector<double> loss(2, 0.0);
+  cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
+    cg::generator gen(1234, static_cast<std::uint64_t>(ctx.rank()));  // each rank its own batch
+    const T x = cg::randn<bf>({t_rows, h}, gen);
+    const double b1 = 1 / std::sqrt(double(h)), b2 = 1 / std::sqrt(double(f));
+    for (const bool in_place : {true, false}) {
+      cg::generator wgen(99);  // the same weights on every rank
+      std::vector<T> w{cg::uniform<bf>({f, h}, -b1, b1, wgen), cg::uniform<bf>({h, f}, -b2, b2, wgen)};
+      std::vector<T> st = cg::optim::init(w, opt).tensors();
+      cg::compile_options co{.cuda_graph = true, .static_outputs = true};
+      if (in_place) co.update_inputs = cg::update_inputs_range(1, 1, n_inputs - 1);
+      auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return cg::compile_function<std::conditional_t<(I < n_inputs), bf, void>...>(
+            train_step(opt, ctx.world()), ctx,
+            {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co,
+             .guard = cg::function_guard::arguments});
+      }(std::make_index_sequence<n_inputs>{});
+      std::vector<T> out;
+      auto one = [&] {
+        std::vector<T> in{x, w[0], w[1]};
+        in.insert(in.end(), st.begin(), st.end());
+        out = [&]<std::size_t... I>(std::index_sequence<I...>) { return step(in[I]...); }(
+            std::make_index_sequence<n_inputs>{});
+        if (!in_place) {  // the next step starts from this one's results
+          w.assign(out.begin() + 1, out.begin() + 3);
+          st.assign(out.begin() + 3, out.end());
+        }
+      };
+      const double t = time_ms(one);
+      if (ctx.rank() == 0) {
+        ms[in_place ? 0 : 1] = t;
+        loss[in_place ? 0 : 1] = static_cast<double>(static_cast<float>(out[0].cpu().to_vector().at(0)));
+      }
+    }
+  });
+  const double tflop = 3.0 * 2.0 * 2.0 * double(t_rows) * double(h) * double(f) / 1e12;  // fwd 2 GEMMs, bwd 4
+  char dev[256] = {0};
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::snprintf(dev, sizeof dev, "%s", prop.name);
+  std::printf("# bench_gpu_train: %d x %s, %s, bf16, fwd + bwd + all_reduce(avg) + AdamW, one CUDA Graph per step\n",
+              world, dev, workload.c_str());
+  std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s | loss after 14 steps |\n|---|---|---|---|---|\n");
+  const char* names[] = {"in_place", "functional"};
+  for (int k = 0; k < 2; ++k)
+    std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), names[k], ms[k], tflop / (ms[k] / 1e3), loss[k]);
+  for (int k = 0; k < 2; ++k) std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), names[k], ms[k]);
+  return 0;
+}
