@@ -6,14 +6,18 @@
 //   grads = all_reduce(grads, avg)                                    DDP's gradient average
 //   params, state = AdamW(params, grads, state)                       one fused update per tensor
 //
-// is traced into ONE graph (forward, backward, collectives, optimizer), scheduled with the
-// overlap passes and compiled (cg::compile_function); the loop feeds each step's new
-// parameters and optimizer state into the next call. The program prints the loss going down
+// (examples/data_parallel_mlp.hpp) is traced into ONE graph (forward, backward, collectives,
+// optimizer), scheduled with the overlap passes and compiled (cg::compile_function); each call
+// updates the parameters and the optimizer state in place (compile_options::update_inputs), so
+// the loop passes the same tensors every step. The program prints the loss going down
 // and checks, step by step, that every rank's parameters equal one rank trained eagerly on the
 // concatenated batch (double precision); it exits non-zero on a mismatch.
 #include <ccgraph/ccgraph.hpp>
 
+#include "data_parallel_mlp.hpp"
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -29,8 +33,8 @@ namespace {
 
 using T = cg::tensor<double>;
 constexpr std::int64_t ranks = 4, per_rank = 16, in_dim = 8, hidden = 32, out_dim = 4, steps = 10;
-// inputs of the traced step: x, y, the 4 parameters, AdamW's step and 2 averages per parameter
-constexpr std::size_t n_inputs = 2 + 4 + 1 + 2 * 4;
+using example_dp::mlp_loss;
+using example_dp::n_inputs;
 
 /// Deterministic values in [lo, hi).
 T values(cg::shape_t shape, double lo, double hi, int seed) {
@@ -38,40 +42,6 @@ T values(cg::shape_t shape, double lo, double hi, int seed) {
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = lo + (hi - lo) * std::fmod(0.6180339887 * double(i * 7 + static_cast<std::size_t>(seed) * 13 + 3), 1.0);
   return T::from(v, shape);
-}
-
-/// The MLP's mean squared error on a batch.
-struct mlp_loss {
-  template <class V>
-  auto operator()(const V& x, const V& y, const V& w1, const V& b1, const V& w2, const V& b2) const {
-    const V h = cg::tanh(cg::linear(x, w1, b1));
-    const V d = cg::linear(h, w2, b2) - y;
-    return cg::mean(d * d);
-  }
-};
-
-/// One data-parallel training step over `world` (a traced function of n_inputs tensors):
-/// returns the global loss, the new parameters and the new AdamW state's tensors.
-auto train_step(cg::optim::adamw_options opt, cg::group world) {
-  return [opt, world](const auto& x, const auto& y, const auto& w1, const auto& b1, const auto& w2, const auto& b2,
-                      const auto&... state) {
-    using V = std::decay_t<decltype(x)>;
-    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
-    std::vector<V> grads;
-    for (const V& g : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(g, "avg", world));
-    auto [params, st] = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
-                                        cg::optim::adamw_state<V>::from_tensors({state...}), opt);
-    std::vector<V> out{cg::all_reduce(loss, "avg", world)};
-    out.insert(out.end(), params.begin(), params.end());
-    for (const V& t : st.tensors()) out.push_back(t);
-    return out;
-  };
-}
-
-/// `f` called with the n_inputs tensors of `args`.
-template <class F>
-std::vector<T> call(F& f, const std::vector<T>& args) {
-  return [&]<std::size_t... I>(std::index_sequence<I...>) { return f(args[I]...); }(std::make_index_sequence<n_inputs>{});
 }
 
 }  // namespace
@@ -105,26 +75,24 @@ int main() {
   // 4 ranks, each its shard, the whole step as one compiled graph.
   std::mutex mu;
   double worst = 0;  // largest relative difference from the single rank, any rank, any step
+  std::atomic<bool> in_place{true};  // every call returned the parameter tensors it updated
   std::vector<double> dp_loss(steps);
   std::vector<std::size_t> summary;  // nodes, all_reduces, fused pointwise nodes, linear + matmul
   cg::run_threads(static_cast<int>(ranks), [&](cg::rank_context& ctx) {
     const std::int64_t r = ctx.rank();
     const T xs = x.narrow(0, r * per_rank, per_rank).contiguous();
     const T ys = y.narrow(0, r * per_rank, per_rank).contiguous();
-    auto step = train_step(opt, ctx.world());
-    auto compiled = [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return cg::compile_function<std::conditional_t<(I < n_inputs), double, void>...>(
-          step, ctx, {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}});
-    }(std::make_index_sequence<n_inputs>{});
-    std::vector<T> params = init;
+    auto step = example_dp::train_step(opt, ctx.world());
+    auto compiled = example_dp::compile_step<double>(opt, ctx, {});
+    std::vector<T> params;
+    for (const T& t : init) params.push_back(T::from(t.to_vector(), t.shape()));  // updated in place
     std::vector<T> state = cg::optim::init(params, opt).tensors();
+    std::vector<T> args{xs, ys};
+    args.insert(args.end(), params.begin(), params.end());
+    args.insert(args.end(), state.begin(), state.end());
     for (std::int64_t s = 0; s < steps; ++s) {
-      std::vector<T> args{xs, ys};
-      args.insert(args.end(), params.begin(), params.end());
-      args.insert(args.end(), state.begin(), state.end());
-      const std::vector<T> out = call(compiled, args);
-      params.assign(out.begin() + 1, out.begin() + 5);
-      state.assign(out.begin() + 5, out.end());
+      const std::vector<T> out = example_dp::call(compiled, args);  // writes params and state
+      if (out[1].data() != params[0].data()) in_place = false;  // must be the parameter tensor itself
       double diff = 0;
       for (std::size_t i = 0; i < params.size(); ++i) {
         const auto v = params[i].to_vector();
@@ -137,9 +105,6 @@ int main() {
     }
     if (r == 0) {
       // What one step's graph holds (the same program every step).
-      std::vector<T> args{xs, ys};
-      args.insert(args.end(), params.begin(), params.end());
-      args.insert(args.end(), state.begin(), state.end());
       const auto g = [&]<std::size_t... I>(std::index_sequence<I...>) {
         return cg::trace(step, cg::input<double>(args[I].shape())...);
       }(std::make_index_sequence<n_inputs>{});
@@ -172,6 +137,12 @@ int main() {
     }
   if (!(worst <= 1e-12)) {
     std::cout << "FAIL: the parameters differ from one rank's\n";
+    ok = false;
+  }
+  std::cout << "parameters and AdamW state updated in place by each call (update_inputs): " << (in_place ? "yes" : "NO")
+            << "\n";
+  if (!in_place) {
+    std::cout << "FAIL: a call returned new parameter tensors instead of updating the inputs\n";
     ok = false;
   }
   std::cout << (ok ? "OK: 4 ranks train exactly as one rank on the whole batch\n" : "FAILED\n");

@@ -1,0 +1,74 @@
+// examples/data_parallel_mlp.hpp: the small MLP and its traced data-parallel training step that
+// example 06 trains on the threads backend (06_data_parallel_training.cpp) and on every GPU
+// (06_data_parallel_training_gpu.cu). Not installed: a workload, not library code.
+//
+//   loss = mse(linear(tanh(linear(x, w1, b1)), w2, b2), y)          forward
+//   grads = value_and_grad(loss)                                      backward
+//   grads = all_reduce(grads, avg)                                    DDP's gradient average
+//   params, state = AdamW(params, grads, state)                       one fused update per tensor
+#pragma once
+
+#include <ccgraph/ccgraph.hpp>
+
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+namespace example_dp {
+
+namespace cg = ccgraph;
+
+/// Inputs of the traced step: x, y, the 4 parameters, AdamW's step and 2 averages per parameter.
+constexpr std::size_t n_inputs = 2 + 4 + 1 + 2 * 4;
+
+/// The MLP's mean squared error on a batch.
+struct mlp_loss {
+  template <class V>
+  auto operator()(const V& x, const V& y, const V& w1, const V& b1, const V& w2, const V& b2) const {
+    const V h = cg::tanh(cg::linear(x, w1, b1));
+    const V d = cg::linear(h, w2, b2) - y;
+    return cg::mean(d * d);
+  }
+};
+
+/// One data-parallel training step over `world` (a traced function of n_inputs tensors):
+/// returns the global loss, the new parameters and the new AdamW state's tensors, in the
+/// inputs' order, so that `in_place_updates()` can write them back into the inputs.
+inline auto train_step(cg::optim::adamw_options opt, cg::group world) {
+  return [opt, world](const auto& x, const auto& y, const auto& w1, const auto& b1, const auto& w2, const auto& b2,
+                      const auto&... state) {
+    using V = std::decay_t<decltype(x)>;
+    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
+    std::vector<V> grads;
+    for (const V& g : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(g, "avg", world));
+    auto [params, st] = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
+                                        cg::optim::adamw_state<V>::from_tensors({state...}), opt);
+    std::vector<V> out{cg::all_reduce(loss, "avg", world)};
+    out.insert(out.end(), params.begin(), params.end());
+    for (const V& t : st.tensors()) out.push_back(t);
+    return out;
+  };
+}
+
+/// The parameters and AdamW state (inputs 2..) updated in place from results 1.. by every call
+/// (compile_options::update_inputs): the training loop passes the same tensors every step.
+inline std::vector<cg::input_update> in_place_updates() { return cg::update_inputs_range(2, 1, n_inputs - 2); }
+
+/// `f` called with the n_inputs tensors of `args`.
+template <class F, class T>
+auto call(F& f, const std::vector<T>& args) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) { return f(args[I]...); }(std::make_index_sequence<n_inputs>{});
+}
+
+/// compile_function of train_step over n_inputs tensors of element type E.
+template <class E>
+auto compile_step(cg::optim::adamw_options opt, cg::rank_context& ctx, cg::compile_options co) {
+  co.update_inputs = in_place_updates();
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return cg::compile_function<std::conditional_t<(I < n_inputs), E, void>...>(
+        train_step(opt, ctx.world()), ctx,
+        {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co});
+  }(std::make_index_sequence<n_inputs>{});
+}
+
+}  // namespace example_dp
