@@ -57,20 +57,8 @@ int main() {
                                values({out_dim, hidden}, -0.3, 0.3, 5), values({out_dim}, -0.1, 0.1, 6)};
 
   // One rank, the concatenated batch, eagerly: value_and_grad, then AdamW in place.
-  std::vector<double> ref_loss;
-  std::vector<std::vector<std::vector<double>>> ref_params;
-  {
-    std::vector<T> p;
-    for (const T& t : init) p.push_back(T::from(t.to_vector(), t.shape()));  // step_ writes them
-    auto st = cg::optim::init(p, opt);
-    for (std::int64_t s = 0; s < steps; ++s) {
-      auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
-      cg::optim::step_(p, {g1, g2, g3, g4}, st, opt);
-      ref_loss.push_back(loss.to_vector()[0]);
-      ref_params.emplace_back();
-      for (const T& t : p) ref_params.back().push_back(t.to_vector());
-    }
-  }
+  const auto ref = example_dp::train_one_rank(x, y, init, opt, static_cast<int>(steps));
+  const std::vector<double>& ref_loss = ref.loss;
 
   // 4 ranks, each its shard, the whole step as one compiled graph.
   std::mutex mu;
@@ -96,7 +84,7 @@ int main() {
       double diff = 0;
       for (std::size_t i = 0; i < params.size(); ++i) {
         const auto v = params[i].to_vector();
-        const auto& w = ref_params[static_cast<std::size_t>(s)][i];
+        const auto w = ref.params[static_cast<std::size_t>(s)][i].to_vector();
         for (std::size_t j = 0; j < v.size(); ++j) diff = std::max(diff, std::abs(v[j] - w[j]) / (1 + std::abs(w[j])));
       }
       std::lock_guard lk(mu);

@@ -48,21 +48,10 @@ int main() {
   };
 
   // One rank on the CPU, the whole batch, eagerly in double: value_and_grad, then AdamW in place.
-  std::vector<double> ref_loss;
-  std::vector<std::vector<std::vector<double>>> ref_params;
-  {
-    std::vector<D> p;
-    for (const F& t : init) p.push_back(to_double(t));
-    auto st = cg::optim::init(p, opt);
-    for (std::int64_t s = 0; s < steps; ++s) {
-      auto [loss, g1, g2, g3, g4] =
-          cg::value_and_grad(example_dp::mlp_loss{}, {2, 3, 4, 5})(to_double(x), to_double(y), p[0], p[1], p[2], p[3]);
-      cg::optim::step_(p, {g1, g2, g3, g4}, st, opt);
-      ref_loss.push_back(loss.to_vector()[0]);
-      ref_params.emplace_back();
-      for (const D& t : p) ref_params.back().push_back(t.to_vector());
-    }
-  }
+  std::vector<D> init_d;
+  for (const F& t : init) init_d.push_back(to_double(t));
+  const auto ref = example_dp::train_one_rank(to_double(x), to_double(y), init_d, opt, static_cast<int>(steps));
+  const std::vector<double>& ref_loss = ref.loss;
 
   // Every GPU its shard; one CUDA Graph replay per step.
   std::mutex mu;
@@ -84,7 +73,7 @@ int main() {
       double diff = 0;
       for (std::size_t i = 0; i < params.size(); ++i) {
         const auto v = params[i].cpu().to_vector();
-        const auto& w = ref_params[static_cast<std::size_t>(s)][i];
+        const auto w = ref.params[static_cast<std::size_t>(s)][i].to_vector();
         for (std::size_t j = 0; j < v.size(); ++j) diff = std::max(diff, std::abs(v[j] - w[j]) / (1 + std::abs(w[j])));
       }
       std::lock_guard lk(mu);

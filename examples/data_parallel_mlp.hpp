@@ -1,6 +1,8 @@
 // examples/data_parallel_mlp.hpp: the small MLP and its traced data-parallel training step that
 // example 06 trains on the threads backend (06_data_parallel_training.cpp) and on every GPU
-// (06_data_parallel_training_gpu.cu). Not installed: a workload, not library code.
+// (06_data_parallel_training_gpu.cu), and the one-rank reference both check against, which the
+// data-parallel tests (tests/autograd/dp_mlp.hpp) use too. Not installed: a workload, not
+// library code.
 //
 //   loss = mse(linear(tanh(linear(x, w1, b1)), w2, b2), y)          forward
 //   grads = value_and_grad(loss)                                      backward
@@ -53,6 +55,38 @@ inline auto train_step(cg::optim::adamw_options opt, cg::group world) {
 /// The parameters and AdamW state (inputs 2..) updated in place from results 1.. by every call
 /// (compile_options::update_inputs): the training loop passes the same tensors every step.
 inline std::vector<cg::input_update> in_place_updates() { return cg::update_inputs_range(2, 1, n_inputs - 2); }
+
+/// Deep copies of tensors (an in-place step must not write what another run starts from).
+template <class T>
+std::vector<T> deep_copies(const std::vector<T>& xs) {
+  std::vector<T> out;
+  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
+  return out;
+}
+
+/// Each step's loss and parameters of train_one_rank.
+template <class T>
+struct reference_run {
+  std::vector<double> loss;
+  std::vector<std::vector<T>> params;
+};
+
+/// One rank training on the whole batch, eagerly on CPU tensors: value_and_grad of mlp_loss,
+/// then the optimizer's in-place step, `steps` times from `params` (copied). What every
+/// data-parallel rank must match step by step.
+template <class T, class Opt>
+reference_run<T> train_one_rank(const T& x, const T& y, const std::vector<T>& params, const Opt& o, int steps) {
+  reference_run<T> ref;
+  std::vector<T> p = deep_copies(params);
+  auto st = cg::optim::init(p, o);
+  for (int s = 0; s < steps; ++s) {
+    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
+    cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
+    ref.loss.push_back(static_cast<double>(loss.to_vector().at(0)));
+    ref.params.push_back(deep_copies(p));
+  }
+  return ref;
+}
 
 /// `f` called with the n_inputs tensors of `args`.
 template <class F, class T>

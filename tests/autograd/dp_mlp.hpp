@@ -1,9 +1,11 @@
 // tests/autograd/dp_mlp.hpp: the small MLP that the data-parallel training tests train (CPU
-// threads in autograd/test_optim.cpp, GPUs over NCCL in gpu/test_data_parallel.cu) and its
-// traced training step, for any value type (tensors, traced values) and element type.
+// threads in autograd/test_optim.cpp, GPUs over NCCL in gpu/test_data_parallel.cu), example 06's,
+// and its traced training step for any optimizer, value type and element type.
 #pragma once
 
 #include <ccgraph/ccgraph.hpp>
+
+#include "../../examples/data_parallel_mlp.hpp"
 
 #include <type_traits>
 #include <vector>
@@ -12,15 +14,11 @@ namespace ccgraph_test::dp {
 
 namespace cg = ccgraph;
 
-/// The MLP's loss on a batch: mse of linear(tanh(linear(x, w1, b1)), w2, b2) against y.
-struct mlp_loss {
-  template <class V>
-  auto operator()(const V& x, const V& y, const V& w1, const V& b1, const V& w2, const V& b2) const {
-    const V h = cg::tanh(cg::linear(x, w1, b1));
-    const V d = cg::linear(h, w2, b2) - y;
-    return cg::mean(d * d);
-  }
-};
+// The MLP, its loss and the one-rank reference training: example 06's (examples/data_parallel_mlp.hpp).
+using example_dp::deep_copies;
+using example_dp::mlp_loss;
+using example_dp::reference_run;
+using example_dp::train_one_rank;
 
 /// The state type for value type V of a state S of tensors.
 template <class S, class V>
@@ -52,37 +50,6 @@ auto dp_train_step(Opt o, cg::group g) {
     for (const V& t : r.state.tensors()) out.push_back(t);
     return out;
   };
-}
-
-/// Deep copies of tensors (an in-place step must not write what another run starts from).
-template <class T>
-std::vector<T> deep_copies(const std::vector<T>& xs) {
-  std::vector<T> out;
-  for (const T& x : xs) out.push_back(T::from(x.to_vector(), x.shape()));
-  return out;
-}
-
-/// Each step's loss and parameters of train_one_rank.
-template <class T>
-struct reference_run {
-  std::vector<double> loss;
-  std::vector<std::vector<T>> params;
-};
-/// One rank training on the whole batch, eagerly on CPU tensors: value_and_grad of mlp_loss,
-/// then the in-place step, `steps` times from `params` (copied). What every data-parallel rank
-/// must match step by step.
-template <class T, class Opt>
-reference_run<T> train_one_rank(const T& x, const T& y, const std::vector<T>& params, const Opt& o, int steps) {
-  reference_run<T> ref;
-  std::vector<T> p = deep_copies(params);
-  auto st = cg::optim::init(p, o);
-  for (int s = 0; s < steps; ++s) {
-    auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, p[0], p[1], p[2], p[3]);
-    cg::optim::step_(p, {g1, g2, g3, g4}, st, o);
-    ref.loss.push_back(static_cast<double>(loss.to_vector().at(0)));
-    ref.params.push_back(deep_copies(p));
-  }
-  return ref;
 }
 
 }  // namespace ccgraph_test::dp
