@@ -399,6 +399,27 @@ TEST_CASE("pointwise_ops.mixed_dtypes_in_one_loop") {
   CHECK(count == static_cast<float>(want));
 }
 
+TEST_CASE("pointwise_ops.scalars_keep_their_precision_in_16_bit_floats") {
+  // An arithmetic op takes its scalar in f32 and rounds its result once, as PyTorch's opmath
+  // scalars: 1 - 0.999 in bf16 is bf16(0.001f), where rounding 0.999 to bf16 (1) first gave 0
+  // (and AdamW's 1 - beta2^t with it).
+  const auto one = cg::full<cg::bf16>({2}, cg::bf16(1.f));
+  const cg::tensor<cg::bf16> d = one - 0.999;
+  CHECK(d.to_vector()[0].bits == cg::bf16(1.f - 0.999f).bits);
+  CHECK(float(d.to_vector()[0]) > 0.f);
+  const auto x = cg::uniform<cg::f16>({37}, -4, 4, 93);
+  const cg::tensor<cg::f16> y = x * 0.999 + 1e-4;
+  const auto xv = x.to_vector(), yv = y.to_vector();
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    const cg::f16 prod(float(xv[i]) * 0.999f);  // each op rounds once to f16
+    CHECK(yv[i].bits == cg::f16(float(prod) + 1e-4f).bits);
+  }
+  // Comparisons still round the scalar to the tensor's type first (see compare.nan_is_unordered),
+  // and where rounds the scalar it picks.
+  const cg::tensor<cg::bf16> w = cg::where(one > 0.5, 0.999, one);
+  CHECK(w.to_vector()[0].bits == cg::bf16(0.999f).bits);
+}
+
 TEST_CASE("pointwise_ops.fused_equals_op_by_op") {
   // One rounding per op: fusing a bf16 chain with the new ops changes nothing, bit for bit.
   const auto a = cg::uniform<cg::bf16>({19, 13}, -3, 3, 91);

@@ -142,12 +142,13 @@ class pw_val {
   bool is_scalar() const { return !t_ && !b_; }
   bool is_tensor() const { return t_.has_value(); }
   const symbolic<T>& tensor() const { return *t_; }
-  /// Calls f with the value: a symbolic<T>, a symbolic<bool> or a T.
+  /// Calls f with the value: a symbolic<T>, a symbolic<bool> or a scalar in compute_t<T> (the
+  /// type expressions keep their scalars in: not rounded to bf16).
   template <class F>
   pw_val visit(F&& f) const {
     if (t_) return f(*t_);
     if (b_) return f(*b_);
-    return f(static_cast<T>(s_));
+    return f(static_cast<compute_t<T>>(s_));
   }
 
  private:
@@ -156,12 +157,13 @@ class pw_val {
   double s_ = 0;
 };
 
-template <class X>
+/// The element type operand X has in a derivative of element type T: a scalar counts as a T.
+template <class T, class X>
 struct pw_elem {
-  using type = X;  // a scalar
+  using type = T;  // a scalar
 };
-template <class U>
-struct pw_elem<symbolic<U>> {
+template <class T, class U>
+struct pw_elem<T, symbolic<U>> {
   using type = U;
 };
 
@@ -173,21 +175,21 @@ pw_val<T> pw_make(const X&... x) {
   // Bool values are conditions: only where reads them (and casts); arithmetic on them is not
   // instantiated.
   constexpr bool takes_bool = std::is_same_v<Op, ops::where> || std::is_same_v<Op, ops::to<T>>;
-  constexpr bool has_bool = (std::is_same_v<typename pw_elem<X>::type, bool> || ...);
+  constexpr bool has_bool = (std::is_same_v<typename pw_elem<T, X>::type, bool> || ...);
   if constexpr (!traced) {
     // Scalars only (a derivative's constant, as b - 1 for pow's scalar exponent): computed here.
-    if constexpr (Op::template accepts<typename pw_elem<X>::type...>) {
-      using R = typename Op::template result<typename pw_elem<X>::type...>;
+    if constexpr (Op::template accepts<typename pw_elem<T, X>::type...>) {
+      using R = typename Op::template result<typename pw_elem<T, X>::type...>;
       if constexpr (std::is_same_v<R, T>) return pw_val<T>(static_cast<double>(Op::apply(x...)));
     }
-  } else if constexpr ((takes_bool || !has_bool) && Op::template accepts<typename pw_elem<X>::type...>) {
+  } else if constexpr ((takes_bool || !has_bool) && Op::template accepts<typename pw_elem<T, X>::type...>) {
     using R = typename decltype(make_expr_as<Op, T>(x...))::value_type;
     if constexpr (std::is_same_v<R, T> || std::is_same_v<R, bool>) {
       return pw_val<T>(symbolic<R>(make_expr_as<Op, T>(x...)));
     }
   }
   CCGRAPH_THROW(error, "grad: the derivative of a pointwise expression needs ", Op::name, " on operands of types (",
-                ((std::string(to_string(dtype_v<typename pw_elem<X>::type>)) + " ") + ...),
+                ((std::string(to_string(dtype_v<typename pw_elem<T, X>::type>)) + " ") + ...),
                 "), which it does not take");
 }
 

@@ -113,11 +113,16 @@ struct tensor_leaf {
   const shape_t& shape() const { return value.shape(); }
 };
 
-/// A scalar operand, already converted to the expression's element type; broadcasts as shape [].
+/// A scalar operand of an expression of element type T; broadcasts as shape []. Its value is
+/// kept in compute_t<T> (float for bf16/f16), the type the ops compute in, so a bf16 expression
+/// `v * 0.999` multiplies by 0.999f and rounds once, as PyTorch's ops take their scalars in
+/// opmath; rounding the scalar to bf16 first would make it 1 (and 1 - 0.999 zero).
 template <element T>
 struct scalar_leaf {
   using value_type = T;
-  T value;
+  /// The type the value is held and read in.
+  using stored_type = compute_t<T>;
+  stored_type value;
   const shape_t& shape() const {
     static const shape_t scalar_shape;
     return scalar_shape;
@@ -162,6 +167,19 @@ template <class X>
 inline constexpr bool is_scalar_leaf_v = false;
 template <class T>
 inline constexpr bool is_scalar_leaf_v<scalar_leaf<T>> = true;
+
+/// The element type a leaf or node yields in a kernel tree: a scalar leaf's stored_type (its
+/// compute type), else its value_type.
+template <class X>
+struct kernel_value {
+  using type = typename X::value_type;
+};
+template <class T>
+struct kernel_value<scalar_leaf<T>> {
+  using type = typename scalar_leaf<T>::stored_type;
+};
+template <class X>
+using kernel_value_t = typename kernel_value<X>::type;
 
 template <class X>
 inline constexpr bool is_node_v = false;
@@ -391,7 +409,7 @@ auto make_kernel(const X& x) {
   if constexpr (is_tensor_leaf_v<X>) {
     return tensor_kernel<typename X::value_type, I>{x.value.data()};
   } else if constexpr (is_scalar_leaf_v<X>) {
-    return scalar_kernel<typename X::value_type>{x.value};
+    return scalar_kernel<typename X::stored_type>{x.value};
   } else if constexpr (is_random_leaf_v<X>) {
     return random_kernel<decltype(x.dist), I>{x.dist, x.at};
   } else {
@@ -670,14 +688,24 @@ struct operand_node<T, X> {
 template <class T, class X>
 using operand_node_t = typename operand_node<T, X>::type;
 
+/// A scalar as an operand of an expression of element type T: converted to compute_t<T>, the
+/// type T's ops compute in (an integer T's scalar is converted to T itself: `i * 2.5` is i * 2).
+template <class T, class X>
+compute_t<T> scalar_value(X x) {
+  if constexpr (std::is_floating_point_v<compute_t<T>>)
+    return cast<compute_t<T>>(x);
+  else
+    return static_cast<compute_t<T>>(cast<T>(x));
+}
+
 /// Wraps one operand for an expression of element type T: an expression as is, a tensor as a
-/// leaf, a symbolic value as its leaf_type_of, a scalar converted to T.
+/// leaf, a symbolic value as its leaf_type_of, a scalar as scalar_value<T>.
 template <class T, class X>
 operand_node_t<T, X> to_operand(X&& x) {
   if constexpr (is_expression_v<X>)
     return std::forward<X>(x);
   else if constexpr (is_scalar_operand_v<X>)
-    return scalar_leaf<T>{cast<T>(x)};
+    return scalar_leaf<T>{scalar_value<T>(x)};
   else
     return operand_node_t<T, X>{std::forward<X>(x)};
 }

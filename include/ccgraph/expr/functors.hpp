@@ -18,9 +18,23 @@ namespace ccgraph::detail {
 template <class T, class... Ts>
 inline constexpr bool all_same_v = (std::is_same_v<T, Ts> && ...);
 
+/// The element type T of an op whose operands arrive as types A...: every operand is a T, or a
+/// scalar already in compute_t<T> (expr.hpp's scalar_leaf), so T is the one 16-bit float among
+/// them if there is one, else the first type.
+template <class A, class... As>
+struct storage_of {
+  using type = A;
+};
+template <class A, class B, class... As>
+  requires std::is_same_v<compute_t<A>, A>
+struct storage_of<A, B, As...> : storage_of<B, As...> {};
+template <class... A>
+using storage_t = typename storage_of<A...>::type;
+
 /// Common part of most pointwise tags: `apply` converts the operands to compute_t<T> (float for
 /// bf16/f16), runs `Op::compute` there and rounds the result back to T once, as one eager
 /// PyTorch op does. So a fused chain gives bit-for-bit the results of running its ops one by one.
+/// A scalar operand arrives in compute_t<T> already, unrounded (PyTorch's opmath scalars).
 /// The type rule: every operand has one element type T, and so has the result.
 template <class Op, int Arity, bool FloatingOnly = false>
 struct pointwise_tag {
@@ -35,31 +49,19 @@ struct pointwise_tag {
   template <class T, class... Ts>
   using result = T;
 
-  /// The op on one element of type T.
-  template <class T>
-    requires(Arity == 1)
-  CCGRAPH_HOST_DEVICE static T apply(T x) {
+  /// The op on one element of each operand (of type T, or a scalar in compute_t<T>).
+  template <class... A>
+    requires(sizeof...(A) == Arity)
+  CCGRAPH_HOST_DEVICE static storage_t<A...> apply(A... x) {
+    using T = storage_t<A...>;
     using C = compute_t<T>;
-    return cast<T>(Op::compute(static_cast<C>(x)));
-  }
-  /// The op on one element of each operand, of type T.
-  template <class T>
-    requires(Arity == 2)
-  CCGRAPH_HOST_DEVICE static T apply(T x, T y) {
-    using C = compute_t<T>;
-    return cast<T>(Op::compute(static_cast<C>(x), static_cast<C>(y)));
-  }
-  /// The op on one element of each of three operands, of type T.
-  template <class T>
-    requires(Arity == 3)
-  CCGRAPH_HOST_DEVICE static T apply(T x, T y, T z) {
-    using C = compute_t<T>;
-    return cast<T>(Op::compute(static_cast<C>(x), static_cast<C>(y), static_cast<C>(z)));
+    return cast<T>(Op::compute(static_cast<C>(x)...));
   }
 };
 
 /// Common part of the comparisons: two operands of one element type, compared in compute_t<T>
-/// (IEEE: every comparison with NaN is false but !=); the result is bool.
+/// (IEEE: every comparison with NaN is false but !=); the result is bool. A scalar operand
+/// (which arrives in compute_t<T>) is rounded to T first, as PyTorch compares bf16 with 0.1.
 template <class Op>
 struct compare_tag {
   static constexpr int arity = 2;
@@ -68,10 +70,11 @@ struct compare_tag {
   static constexpr bool accepts = sizeof...(Ts) == 2 && all_same_v<Ts...>;
   template <class T, class... Ts>
   using result = bool;
-  template <class T>
-  CCGRAPH_HOST_DEVICE static bool apply(T x, T y) {
+  template <class A, class B>
+  CCGRAPH_HOST_DEVICE static bool apply(A x, B y) {
+    using T = storage_t<A, B>;
     using C = compute_t<T>;
-    return Op::compute(static_cast<C>(x), static_cast<C>(y));
+    return Op::compute(static_cast<C>(cast<T>(x)), static_cast<C>(cast<T>(y)));
   }
 };
 
@@ -389,8 +392,12 @@ struct where {
   static constexpr bool accepts = ::ccgraph::detail::where_types<Ts...>::value;
   template <class C, class A, class... B>
   using result = A;
-  template <class T>
-  CCGRAPH_HOST_DEVICE static T apply(bool c, T a, T b) { return c ? a : b; }
+  /// (a scalar operand arrives in compute_t<T> and is rounded to T when chosen)
+  template <class A, class B>
+  CCGRAPH_HOST_DEVICE static ::ccgraph::detail::storage_t<A, B> apply(bool c, A a, B b) {
+    using T = ::ccgraph::detail::storage_t<A, B>;
+    return c ? ::ccgraph::detail::cast<T>(a) : ::ccgraph::detail::cast<T>(b);
+  }
 };
 
 /// The conversion of a to element type U, as tensor::to<U>() converts (halves through float,

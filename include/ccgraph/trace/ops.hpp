@@ -392,7 +392,7 @@ struct traced_op<T, Op, K0, K1, K2> {
 /// offsets from M + 1 + R: after the output and the M inputs).
 template <class X, std::size_t M, std::size_t R>
 struct traced_tree {
-  using type = traced_scalar<typename X::value_type>;  // scalar leaves
+  using type = traced_scalar<typename X::stored_type>;  // scalar leaves
 };
 template <class U, std::size_t M, std::size_t R>
 struct traced_tree<symbolic_leaf<U>, M, R> {
@@ -488,14 +488,15 @@ recorded_part<X, M, R> record_expr(const X& x, recorded_expr& rec, const trace_s
     return {reg, text, key, traced_slot<typename X::value_type>{slot}};
   } else if constexpr (is_scalar_leaf_v<X>) {
     using T = typename X::value_type;
+    using S = typename X::stored_type;  // the register holds the scalar as the ops read it
     typename P::instr ins;
     ins.k = P::kind::scalar;
-    ins.type = dtype_v<T>;
-    ins.fill = &P::template fill_block<T>;
-    std::memcpy(ins.value, &x.value, sizeof(T));
+    ins.type = dtype_v<S>;
+    ins.fill = &P::template fill_block<S>;
+    std::memcpy(ins.value, &x.value, sizeof(S));
     const std::string text = scalar_text(x.value);
     // The key names the scalar's type: where(c, 1.f, 0.f) and where(c, 1., 0.) differ.
-    return {push(ins), text, text + ":" + std::string(to_string(dtype_v<T>)), traced_scalar<T>{x.value}};
+    return {push(ins), text, text + ":" + std::string(to_string(dtype_v<T>)), traced_scalar<S>{x.value}};
   } else if constexpr (is_random_leaf_v<X>) {
     using Dist = decltype(x.dist);
     auto src = std::make_shared<random_source_of<Dist>>();
@@ -567,15 +568,16 @@ recorded_part<X, M, R> record_expr(const X& x, recorded_expr& rec, const trace_s
     ins.k = P::kind::op;
     ins.type = dtype_v<typename X::value_type>;
     ins.fn = [] {
+      // The operands' register types: a scalar's is its stored (compute) type.
       if constexpr (Op::arity == 1)
-        return &P::template apply_block<Op, typename X::value_type, typename std::tuple_element_t<0, args_t>::value_type>;
+        return &P::template apply_block<Op, typename X::value_type, kernel_value_t<std::tuple_element_t<0, args_t>>>;
       else if constexpr (Op::arity == 2)
-        return &P::template apply_block<Op, typename X::value_type, typename std::tuple_element_t<0, args_t>::value_type,
-                                        typename std::tuple_element_t<1, args_t>::value_type>;
+        return &P::template apply_block<Op, typename X::value_type, kernel_value_t<std::tuple_element_t<0, args_t>>,
+                                        kernel_value_t<std::tuple_element_t<1, args_t>>>;
       else
-        return &P::template apply_block<Op, typename X::value_type, typename std::tuple_element_t<0, args_t>::value_type,
-                                        typename std::tuple_element_t<1, args_t>::value_type,
-                                        typename std::tuple_element_t<2, args_t>::value_type>;
+        return &P::template apply_block<Op, typename X::value_type, kernel_value_t<std::tuple_element_t<0, args_t>>,
+                                        kernel_value_t<std::tuple_element_t<1, args_t>>,
+                                        kernel_value_t<std::tuple_element_t<2, args_t>>>;
     }();
     for (int j = 0; j < 3; ++j) ins.args[j] = regs[j];
     const int reg = push(ins);
