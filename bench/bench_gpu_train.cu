@@ -45,18 +45,19 @@ struct mlp_loss {
   }
 };
 
-/// One step as a traced function of (x, w1, w2, AdamW's step, exp_avg x2, exp_avg_sq x2):
-/// returns the loss, the new weights and the new state, in the inputs' order.
+/// One step as a traced function of (x, w1, w2, exp_avg x2, exp_avg_sq x2, AdamW's step (f32:
+/// bf16 parameters count their steps in f32)): returns the loss, the new weights, the new
+/// averages and the new step, in the inputs' order.
 auto train_step(cg::optim::adamw_options o, cg::group world) {
-  return [o, world](const auto& x, const auto& w1, const auto& w2, const auto&... st) {
+  return [o, world](const auto& x, const auto& w1, const auto& w2, const auto& m1, const auto& m2, const auto& v1,
+                    const auto& v2, const auto& t) {
     using V = std::decay_t<decltype(x)>;
     auto [loss, g1, g2] = cg::value_and_grad(mlp_loss{}, {1, 2})(x, w1, w2);
     const std::vector<V> grads{cg::all_reduce(g1, "avg", world), cg::all_reduce(g2, "avg", world)};
-    const auto r = cg::optim::step(std::vector<V>{w1, w2}, grads, cg::optim::adamw_state<V>::from_tensors({st...}), o);
-    std::vector<V> out{loss};
-    for (const V& p : r.params) out.push_back(p);
-    for (const V& t : r.state.tensors()) out.push_back(t);
-    return out;
+    const auto r = cg::optim::step(std::vector<V>{w1, w2}, grads,
+                                   cg::optim::adamw_state<V>::from_averages(t, {m1, m2, v1, v2}), o);
+    const std::vector<V> a = r.state.averages();
+    return std::make_tuple(V(loss), r.params[0], r.params[1], a[0], a[1], a[2], a[3], r.state.step);
   };
 }
 constexpr std::size_t n_inputs = 3 + 5;
@@ -108,30 +109,29 @@ int main(int argc, char** argv) {
     for (const bool in_place : {true, false}) {
       cg::generator wgen(99);  // the same weights on every rank
       std::vector<T> w{cg::uniform<bf>({f, h}, -b1, b1, wgen), cg::uniform<bf>({h, f}, -b2, b2, wgen)};
-      std::vector<T> st = cg::optim::init(w, opt).tensors();
+      const auto st0 = cg::optim::init(w, opt);
+      std::vector<T> st = st0.averages();
+      cg::tensor<float> count = st0.step;
       cg::compile_options co{.cuda_graph = true, .static_outputs = true};
       if (in_place) co.update_inputs = cg::update_inputs_range(1, 1, n_inputs - 1);
-      auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return cg::compile_function<std::conditional_t<(I < n_inputs), bf, void>...>(
-            train_step(opt, ctx.world()), ctx,
-            {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co,
-             .guard = cg::function_guard::arguments});
-      }(std::make_index_sequence<n_inputs>{});
-      std::vector<T> out;
+      auto step = cg::compile_function<bf, bf, bf, bf, bf, bf, bf, float>(
+          train_step(opt, ctx.world()), ctx,
+          {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co,
+           .guard = cg::function_guard::arguments});
+      T last_loss;
       auto one = [&] {
-        std::vector<T> in{x, w[0], w[1]};
-        in.insert(in.end(), st.begin(), st.end());
-        out = [&]<std::size_t... I>(std::index_sequence<I...>) { return step(in[I]...); }(
-            std::make_index_sequence<n_inputs>{});
+        auto out = step(x, w[0], w[1], st[0], st[1], st[2], st[3], count);
+        last_loss = std::get<0>(out);
         if (!in_place) {  // the next step starts from this one's results
-          w.assign(out.begin() + 1, out.begin() + 3);
-          st.assign(out.begin() + 3, out.end());
+          w = {std::get<1>(out), std::get<2>(out)};
+          st = {std::get<3>(out), std::get<4>(out), std::get<5>(out), std::get<6>(out)};
+          count = std::get<7>(out);
         }
       };
       const double t = time_ms(one);
       if (ctx.rank() == 0) {
         ms[in_place ? 0 : 1] = t;
-        loss[in_place ? 0 : 1] = static_cast<double>(static_cast<float>(out[0].cpu().to_vector().at(0)));
+        loss[in_place ? 0 : 1] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
       }
     }
   });

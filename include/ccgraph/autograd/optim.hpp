@@ -6,12 +6,14 @@
 // trace to one graph that cg::schedule, cg::compile and cg::compile_function take.
 //
 // In place or not: cg::optim::step is functional (it returns new parameters and a new state),
-// eagerly and traced. cg::optim::step_ updates tensors in place, eagerly only: each fused
-// expression is evaluated straight into the parameter's (or state tensor's) own memory. A traced
-// graph cannot do that yet: the memory planner never writes a graph input's buffer (graph inputs
-// are the caller's memory, schedule/memory_plan.hpp) and compiled graphs never write the
-// caller's tensors, so a traced step returns its results in fresh (planned) buffers and the
-// caller swaps them in for the next step.
+// eagerly and traced. cg::optim::step_ updates tensors in place, eagerly: each fused expression
+// is evaluated straight into the parameter's (or state tensor's) own memory. A traced step
+// returns new values; compile it with compile_options::update_inputs to have the compiled graph
+// write them into the tensors passed in (runtime/executor.hpp).
+//
+// bf16 and f16 parameters: AdamW's update is computed in f32 per element and rounded once when
+// stored (as PyTorch's fused AdamW), and its step count is an f32 tensor (a bf16 count stops at
+// 256). SGD runs op by op in the parameters' type, its scalars in f32, as torch's foreach SGD.
 //
 // Everything here is a template instantiated where an optimizer runs: including this header
 // compiles no update.
@@ -81,30 +83,68 @@ struct sgd_state {
   static sgd_state from_tensors(std::vector<V> ts) { return {std::move(ts)}; }
 };
 
+namespace detail {
+template <class V, class U>
+struct rebind_value;
+template <class T, class U>
+struct rebind_value<tensor<T>, U> {
+  using type = tensor<U>;
+};
+template <class T, class U>
+struct rebind_value<symbolic<T>, U> {
+  using type = symbolic<U>;
+};
+}  // namespace detail
+
+/// The type of AdamW's step count for parameters of value type V: V's kind (tensor or symbolic)
+/// of compute_t of their element type, so f32 for bf16/f16 parameters (a bf16 count would stop
+/// at 256, the last integer after which bf16 cannot add 1) and the parameters' own type else.
+template <value V>
+using step_value_t = typename detail::rebind_value<V, compute_t<typename V::value_type>>::type;
+
 /// AdamW's state: the step count (a 0-d tensor, so a traced step reads it and one graph serves
 /// every step) and the two running averages of each parameter.
 template <value V>
 struct adamw_state {
-  /// Steps taken so far (0-d, the parameters' element type; PyTorch's `step`).
-  V step;
+  /// The step count's type (step_value_t: f32 for bf16/f16 parameters).
+  using step_type = step_value_t<V>;
+  /// Steps taken so far (0-d; PyTorch's `step`).
+  step_type step;
   /// First moment running average of each parameter, in parameter order.
   std::vector<V> exp_avg;
   /// Second moment running average of each parameter, in parameter order.
   std::vector<V> exp_avg_sq;
 
-  /// The state's tensors in order: step, then exp_avg, then exp_avg_sq.
-  std::vector<V> tensors() const {
+  /// The state's tensors in order: step, then exp_avg, then exp_avg_sq (when step has the
+  /// parameters' type; for bf16/f16 parameters use step and averages()).
+  std::vector<V> tensors() const
+    requires std::is_same_v<step_type, V>
+  {
     std::vector<V> out{step};
     out.insert(out.end(), exp_avg.begin(), exp_avg.end());
     out.insert(out.end(), exp_avg_sq.begin(), exp_avg_sq.end());
     return out;
   }
   /// The state from tensors() (e.g. a traced step's inputs): step, n exp_avg, n exp_avg_sq.
-  static adamw_state from_tensors(const std::vector<V>& ts) {
+  static adamw_state from_tensors(const std::vector<V>& ts)
+    requires std::is_same_v<step_type, V>
+  {
     CCGRAPH_CHECK(ts.size() % 2 == 1, "optim::adamw_state::from_tensors: expected step and two tensors per "
                   "parameter (an odd count), got ", ts.size(), " tensors");
-    const auto n = static_cast<std::ptrdiff_t>(ts.size() / 2);
-    return {ts[0], std::vector<V>(ts.begin() + 1, ts.begin() + 1 + n), std::vector<V>(ts.begin() + 1 + n, ts.end())};
+    return from_averages(ts[0], std::vector<V>(ts.begin() + 1, ts.end()));
+  }
+  /// The running averages in order: exp_avg, then exp_avg_sq.
+  std::vector<V> averages() const {
+    std::vector<V> out(exp_avg);
+    out.insert(out.end(), exp_avg_sq.begin(), exp_avg_sq.end());
+    return out;
+  }
+  /// The state from a step count and averages() (n exp_avg, then n exp_avg_sq).
+  static adamw_state from_averages(step_type step, const std::vector<V>& avgs) {
+    CCGRAPH_CHECK(avgs.size() % 2 == 0, "optim::adamw_state::from_averages: expected two tensors per parameter "
+                  "(an even count), got ", avgs.size(), " tensors");
+    const auto n = static_cast<std::ptrdiff_t>(avgs.size() / 2);
+    return {std::move(step), std::vector<V>(avgs.begin(), avgs.begin() + n), std::vector<V>(avgs.begin() + n, avgs.end())};
   }
 };
 
@@ -207,34 +247,44 @@ step_result<V, adamw_state<V>> adamw(const std::vector<V>& params, const std::ve
                                      const adamw_state<V>& state, const adamw_options& o, Store store,
                                      std::string_view what) {
   check_options(o, what);
-  // The update's constants are rounded to the parameters' element type (scalar operands take
-  // the expression's type): in bf16, beta2 = 0.999 becomes 1, so 1 - beta2^t is 0 and the update
-  // is lost (or NaN where the second moment is 0). Refused until the update computes in f32.
-  using E = typename V::value_type;
-  CCGRAPH_CHECK(dtype_v<E> == dtype::f32 || dtype_v<E> == dtype::f64, what, ": parameters of ", dtype_v<E>,
-                " are not supported: AdamW's constants (beta2 = ", o.beta2, ") would be rounded to ", dtype_v<E>,
-                "; keep f32 parameters (master weights)");
   check_like(what, params, grads, "grads");
   check_like(what, params, state.exp_avg, "exp_avg");
   check_like(what, params, state.exp_avg_sq, "exp_avg_sq");
   CCGRAPH_CHECK(state.step.shape().empty(), what, ": the state's step must be 0-d, got shape ",
                 shape_str(state.step.shape()));
-  const V t = store(state.step, state.step + 1.0);
+  // The update runs in C = compute_t<E> and is rounded to E once per stored value (for f32 and
+  // f64 parameters C is E and no conversion is recorded).
+  using E = typename V::value_type;
+  using C = compute_t<E>;
+  const auto wide = [](const auto& x) {
+    if constexpr (std::is_same_v<C, E>)
+      return x;
+    else
+      return ::ccgraph::cast<C>(x);
+  };
+  const auto narrow = [](const auto& e) {
+    if constexpr (std::is_same_v<C, E>)
+      return e;
+    else
+      return ::ccgraph::cast<E>(e);
+  };
+  const auto t = store(state.step, state.step + 1.0);
   step_result<V, adamw_state<V>> r{{}, {t, {}, {}}};  // (a symbolic value has no default)
   const double w = 1 - o.beta1;  // lerp weight
   const double decay = 1 - o.lr * o.weight_decay;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const V& p = params[i];
-    const V& g = grads[i];
-    const V& m = state.exp_avg[i];
-    const V& v = state.exp_avg_sq[i];
+    const auto g = wide(grads[i]);
+    const auto m = wide(state.exp_avg[i]);
+    const auto v = wide(state.exp_avg_sq[i]);
     // torch.lerp's two formulas (the one accurate for the weight's side of 0.5).
-    const V nm = w < 0.5 ? store(m, m + (g - m) * w) : store(m, g - (g - m) * (1 - w));
-    const V nv = store(v, v * o.beta2 + g * (1 - o.beta2) * g);  // addcmul: (value * g) * g
+    const V nm = w < 0.5 ? store(state.exp_avg[i], narrow(m + (g - m) * w))
+                         : store(state.exp_avg[i], narrow(g - (g - m) * (1 - w)));
+    const V nv = store(state.exp_avg_sq[i], narrow(v * o.beta2 + g * (1 - o.beta2) * g));  // addcmul: (value * g) * g
     // step_size = lr / (1 - beta1^t); denom = sqrt(v) / sqrt(1 - beta2^t) + eps, broadcast from 0-d t.
     const auto step_size = o.lr / (1.0 - ::ccgraph::pow(o.beta1, t));
-    const auto denom = ::ccgraph::sqrt(nv) / ::ccgraph::sqrt(1.0 - ::ccgraph::pow(o.beta2, t)) + o.eps;
-    r.params.push_back(store(p, p * decay - step_size * nm / denom));  // addcdiv: (value * m) / denom
+    const auto denom = ::ccgraph::sqrt(wide(nv)) / ::ccgraph::sqrt(1.0 - ::ccgraph::pow(o.beta2, t)) + o.eps;
+    r.params.push_back(store(p, narrow(wide(p) * decay - step_size * wide(nm) / denom)));  // addcdiv: (value * m) / denom
     r.state.exp_avg.push_back(nm);
     r.state.exp_avg_sq.push_back(nv);
   }
@@ -259,8 +309,8 @@ template <element T>
 adamw_state<tensor<T>> init(const std::vector<tensor<T>>& params, const adamw_options& o) {
   detail::check_options(o, "optim::init(adamw)");
   CCGRAPH_CHECK(!params.empty(), "optim::init(adamw): no params");
-  adamw_state<tensor<T>> s{tensor<T>::empty({}, params[0].device()), {}, {}};
-  s.step.fill_(T(0));
+  adamw_state<tensor<T>> s{tensor<compute_t<T>>::empty({}, params[0].device()), {}, {}};
+  s.step.fill_(0);
   for (const auto& p : params) {
     s.exp_avg.push_back(detail::zeros_like(p));
     s.exp_avg_sq.push_back(detail::zeros_like(p));
