@@ -51,6 +51,7 @@
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
+#include <ccgraph/autograd/checkpoint.hpp>
 #include <ccgraph/autograd/grad.hpp>
 #include <ccgraph/autograd/optim.hpp>  // templates only over headers above: no measurable cost
 #include <ccgraph/schedule/schedule.hpp>

@@ -44,6 +44,65 @@ decltype(auto) visit_grad_dtype(dtype d, std::string_view what, F&& f) {
   return f(float{});
 }
 
+/// The values of checkpoint regions (autograd/checkpoint.hpp) recomputed for the backward,
+/// lazily: for a rule of a node inside region R, read(v, R) of a value computed inside R records
+/// a copy of its node (after the copies of the values of R it reads, recursively) the first time
+/// a rule asks, and returns the copy's value from then on; values from outside R (its inputs,
+/// another region's outputs) are read as they are, kept from the forward. A collective is copied
+/// with all its waits. A nested region belongs to the outermost one. (A template, so that it is
+/// compiled only where a gradient is taken.)
+template <class Unused = void>
+class recomputer {
+ public:
+  explicit recomputer(trace_state& st) : st_(st) {
+    // Regions are recorded when they end: an enclosing region comes after the ones it holds.
+    for (std::size_t r = 0; r < st.checkpoints.size(); ++r)
+      for (const node* n : st.checkpoints[r]) region_[n] = r;
+  }
+  /// The region `n` was recorded in (its outermost), or -1.
+  std::ptrdiff_t region_of(const node* n) const {
+    const auto it = region_.find(n);
+    return it == region_.end() ? -1 : static_cast<std::ptrdiff_t>(it->second);
+  }
+  /// `v`, or its recomputed copy when region `r` computed it.
+  value_ref read(value_ref v, std::ptrdiff_t r) {
+    if (r < 0 || region_of(v.src) != r) return v;
+    if (auto it = done_.find(v); it != done_.end()) return it->second;
+    node* n = v.src;
+    if (n->is_wait()) {  // copying the collective copies its waits
+      (void)read(n->args().at(0), r);
+      return done_.at(v);
+    }
+    if (const auto* pw = std::get_if<ops::pointwise>(&n->kind()); pw && pw->kernel && pw->kernel->draws_random())
+      CCGRAPH_THROW(error, "checkpoint: node %", n->name(), " (", n->op(), ") draws random numbers inside a "
+                    "checkpointed function; recomputing it for the backward would draw another mask. Move the "
+                    "dropout out of the checkpointed function");
+    std::vector<value_ref> args;
+    for (const value_ref& a : n->args()) args.push_back(read(a, r));
+    node* c = st_.g.add(n->kind(), std::move(args), n->group(), n->name());
+    for (int k = 0; k < n->num_outputs(); ++k) done_[value_ref{n, k}] = value_ref{c, k};
+    if (n->is_collective()) {
+      const std::vector<node*> users = n->users();
+      for (node* u : users)
+        if (u->is_wait()) {
+          node* w = st_.g.add(u->kind(), {done_.at(u->args().at(0))}, u->group(), u->name());
+          done_[value_ref{u, 0}] = value_ref{w, 0};
+        }
+    }
+    return done_.at(v);
+  }
+
+ private:
+  struct key_hash {
+    std::size_t operator()(const value_ref& r) const {
+      return std::hash<const void*>()(r.src) ^ (static_cast<std::size_t>(r.index) * 0x9e3779b97f4a7c15ULL);
+    }
+  };
+  trace_state& st_;
+  std::unordered_map<const node*, std::size_t> region_;
+  std::unordered_map<value_ref, value_ref, key_hash> done_;
+};
+
 /// What a gradient rule sees of one node: its op's inputs and outputs as traced values, the
 /// gradients flowing into its outputs, and where the gradients of its inputs go. T is the
 /// element type of the node's differentiated outputs. A rule reads `input<U>(i)`, `output<U>(k)`,
@@ -54,8 +113,11 @@ class grad_ctx {
   /// The element type the node's gradients are in.
   using value_type = T;
 
-  grad_ctx(trace_state* st, const node* n, std::vector<std::optional<value_ref>> gout, std::vector<char> needs)
-      : st_(st), n_(n), gout_(std::move(gout)), needs_(std::move(needs)), gin_(n->args().size()) {}
+  /// `rc`: the recomputed values the rule reads instead (a node inside a checkpoint region).
+  grad_ctx(trace_state* st, const node* n, std::vector<std::optional<value_ref>> gout, std::vector<char> needs,
+           recomputer<>* rc = nullptr)
+      : st_(st), n_(n), gout_(std::move(gout)), needs_(std::move(needs)), gin_(n->args().size()), rc_(rc),
+        region_(rc ? rc->region_of(n) : -1) {}
 
   /// Number of inputs and of outputs of the node.
   std::size_t num_inputs() const { return n_->args().size(); }
@@ -63,7 +125,7 @@ class grad_ctx {
   /// Input i as a traced value of element type U.
   template <class U = T>
   symbolic<U> input(std::size_t i) const {
-    return symbolic<U>(st_, n_->args().at(i));
+    return symbolic<U>(st_, saved(n_->args().at(i)));
   }
   /// Output k as a traced value of element type U. A collective's output is its wait_tensor's
   /// (tracing adds one per output, right after it): the graph may read a collective's result only
@@ -73,8 +135,9 @@ class grad_ctx {
     const value_ref v{const_cast<node*>(n_), k};
     if (n_->is_collective())
       for (node* u : n_->users())
-        if (std::holds_alternative<ops::wait_tensor>(u->kind()) && u->args().at(0) == v) return symbolic<U>(st_, {u, 0});
-    return symbolic<U>(st_, v);
+        if (std::holds_alternative<ops::wait_tensor>(u->kind()) && u->args().at(0) == v)
+          return symbolic<U>(st_, saved({u, 0}));
+    return symbolic<U>(st_, saved(v));
   }
   /// True when a gradient flows into output k.
   bool has_grad(int k = 0) const { return gout_.at(static_cast<std::size_t>(k)).has_value(); }
@@ -149,6 +212,11 @@ class grad_ctx {
   std::vector<std::optional<value_ref>> gout_;
   std::vector<char> needs_;
   std::vector<std::optional<value_ref>> gin_;
+  recomputer<>* rc_;
+  std::ptrdiff_t region_;
+
+  /// A forward value as the rule reads it: recomputed when the node's checkpoint region made it.
+  value_ref saved(value_ref v) const { return rc_ ? rc_->read(v, region_) : v; }
 };
 
 /// Runs node `n`'s gradient rule (op_traits<O>::gradient::backward): an op whose rule is still
@@ -210,6 +278,7 @@ std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vect
       if (is_floating(n->dtype(k))) depends.emplace(value_ref{n, k}, 1);
   }
   std::unordered_map<value_ref, value_ref, key_hash> grads;
+  recomputer<> rc(st);
   auto accumulate = [&](value_ref v, value_ref g) {
     auto [it, fresh] = grads.emplace(v, g);
     if (!fresh) it->second = add_grads(st, it->second, g);
@@ -260,7 +329,7 @@ std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vect
     const std::string what = "a value of %" + n->name();
     visit_grad_dtype(dt, what, [&](auto tag) {
       using U = decltype(tag);
-      grad_ctx<U> c(&st, n, std::move(gout), needs);
+      grad_ctx<U> c(&st, n, std::move(gout), needs, rc.region_of(n) >= 0 ? &rc : nullptr);
       run_gradient_rule(c);
       for (std::size_t i = 0; i < needs.size(); ++i) {
         if (!needs[i]) continue;

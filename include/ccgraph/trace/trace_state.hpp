@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/group/group.hpp>
@@ -32,6 +33,9 @@ struct trace_state {
   /// Materialised pointwise expressions by (expression text, inputs): a value used by several
   /// consumers becomes one node.
   std::unordered_map<std::string, value_ref> pointwise_memo;
+  /// The nodes of each cg::checkpoint region, in recording order (autograd/checkpoint.hpp):
+  /// the backward reads recomputed copies of their values.
+  std::vector<std::vector<const node*>> checkpoints;
 
   /// The canonical group of `g` for the traced rank ("the fake communicator").
   group_info resolve(const group& grp, const char* what) const {
