@@ -178,8 +178,6 @@ template <class T>
 struct kernel_value<scalar_leaf<T>> {
   using type = typename scalar_leaf<T>::stored_type;
 };
-template <class X>
-using kernel_value_t = typename kernel_value<X>::type;
 
 template <class X>
 inline constexpr bool is_node_v = false;
@@ -416,17 +414,27 @@ auto make_kernel(const X& x) {
     using op = typename X::op_type;
     const auto& args = x.args();
     using args_t = std::remove_cvref_t<decltype(args)>;
+    // A node yields its own element type: an op whose operands are all scalars in compute_t<T>
+    // (where(c, 0.5, 1.0) of bf16) computes in float, so its result is rounded to T here, as
+    // the traced paths round every node's.
+    auto as_node = [](auto k) {
+      using R = decltype(k.load(static_cast<const std::int64_t*>(nullptr), 0));
+      if constexpr (std::is_same_v<R, typename X::value_type>)
+        return k;
+      else
+        return cast_kernel<typename X::value_type, decltype(k)>{k};
+    };
     auto a = make_kernel<I>(std::get<0>(args));
     if constexpr (op::arity == 1) {
-      return node_kernel<op, decltype(a)>{a};
+      return as_node(node_kernel<op, decltype(a)>{a});
     } else {
       constexpr std::size_t i1 = I + structure<std::tuple_element_t<0, args_t>>::indexed_leaves;
       auto b = make_kernel<i1>(std::get<1>(args));
       if constexpr (op::arity == 2) {
-        return node_kernel<op, decltype(a), decltype(b)>{a, b};
+        return as_node(node_kernel<op, decltype(a), decltype(b)>{a, b});
       } else {
         auto c = make_kernel<i1 + structure<std::tuple_element_t<1, args_t>>::indexed_leaves>(std::get<2>(args));
-        return node_kernel<op, decltype(a), decltype(b), decltype(c)>{a, b, c};
+        return as_node(node_kernel<op, decltype(a), decltype(b), decltype(c)>{a, b, c});
       }
     }
   }

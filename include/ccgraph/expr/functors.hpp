@@ -20,16 +20,19 @@ inline constexpr bool all_same_v = (std::is_same_v<T, Ts> && ...);
 
 /// The element type T of an op whose operands arrive as types A...: every operand is a T, or a
 /// scalar already in compute_t<T> (expr.hpp's scalar_leaf), so T is the one 16-bit float among
-/// them if there is one, else the first type.
-template <class A, class... As>
-struct storage_of {
+/// them if there is one, else the first type. (Spelled `typename storage_of<...>::type`, never
+/// through an alias template: nvcc 13 confuses instantiations of an alias with a pack in a
+/// return type, giving a bf16 op float's result type.)
+template <class... A>
+struct storage_of;
+template <class A>
+struct storage_of<A> {
   using type = A;
 };
 template <class A, class B, class... As>
-  requires std::is_same_v<compute_t<A>, A>
-struct storage_of<A, B, As...> : storage_of<B, As...> {};
-template <class... A>
-using storage_t = typename storage_of<A...>::type;
+struct storage_of<A, B, As...> {
+  using type = std::conditional_t<std::is_same_v<compute_t<A>, A>, typename storage_of<B, As...>::type, A>;
+};
 
 /// Common part of most pointwise tags: `apply` converts the operands to compute_t<T> (float for
 /// bf16/f16), runs `Op::compute` there and rounds the result back to T once, as one eager
@@ -52,8 +55,8 @@ struct pointwise_tag {
   /// The op on one element of each operand (of type T, or a scalar in compute_t<T>).
   template <class... A>
     requires(sizeof...(A) == Arity)
-  CCGRAPH_HOST_DEVICE static storage_t<A...> apply(A... x) {
-    using T = storage_t<A...>;
+  CCGRAPH_HOST_DEVICE static typename storage_of<A...>::type apply(A... x) {
+    using T = typename storage_of<A...>::type;
     using C = compute_t<T>;
     return cast<T>(Op::compute(static_cast<C>(x)...));
   }
@@ -72,7 +75,7 @@ struct compare_tag {
   using result = bool;
   template <class A, class B>
   CCGRAPH_HOST_DEVICE static bool apply(A x, B y) {
-    using T = storage_t<A, B>;
+    using T = typename storage_of<A, B>::type;
     using C = compute_t<T>;
     return Op::compute(static_cast<C>(cast<T>(x)), static_cast<C>(cast<T>(y)));
   }
@@ -394,8 +397,8 @@ struct where {
   using result = A;
   /// (a scalar operand arrives in compute_t<T> and is rounded to T when chosen)
   template <class A, class B>
-  CCGRAPH_HOST_DEVICE static ::ccgraph::detail::storage_t<A, B> apply(bool c, A a, B b) {
-    using T = ::ccgraph::detail::storage_t<A, B>;
+  CCGRAPH_HOST_DEVICE static typename ::ccgraph::detail::storage_of<A, B>::type apply(bool c, A a, B b) {
+    using T = typename ::ccgraph::detail::storage_of<A, B>::type;
     return c ? ::ccgraph::detail::cast<T>(a) : ::ccgraph::detail::cast<T>(b);
   }
 };

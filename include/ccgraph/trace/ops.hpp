@@ -121,7 +121,7 @@ struct basic_pointwise_program {
   template <class Op, class R, class... A, std::size_t... I>
   static void apply_impl(R* out, const void* const* args, std::int64_t n, std::index_sequence<I...>) {
     const std::tuple<const A*...> p{static_cast<const A*>(args[I])...};
-    for (std::int64_t i = 0; i < n; ++i) out[i] = Op::apply(std::get<I>(p)[i]...);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = cast<R>(Op::apply(std::get<I>(p)[i]...));
   }
   /// Op over a block: R out[i] = Op::apply(a[i], ...).
   template <class Op, class R, class... A>
@@ -336,8 +336,8 @@ struct traced_random {
     return random_kernel<Dist, J>{d, s}.template load_pack<V, Vec>(i);
   }
 };
-/// A traced op with result type T: computed from its operands, or read from input `slot` when
-/// that is >= 0.
+/// A traced op with result type T: computed from its operands (rounded to T: an op over scalars
+/// alone computes in their compute type), or read from input `slot` when that is >= 0.
 template <class T, class Op, class... Ks>
 struct traced_op;
 template <class T, class Op, class K0>
@@ -346,7 +346,7 @@ struct traced_op<T, Op, K0> {
   K0 a;
   template <std::size_t M>
   CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
-    return slot >= 0 ? load_slot<T>(p, o, slot, i) : Op::apply(a.load(p, o, i));
+    return slot >= 0 ? load_slot<T>(p, o, slot, i) : cast<T>(Op::apply(a.load(p, o, i)));
   }
   // The slot test is made once per pack, not once per element.
   template <int V, bool Vec, std::size_t M>
@@ -362,7 +362,7 @@ struct traced_op<T, Op, K0, K1> {
   K1 b;
   template <std::size_t M>
   CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
-    return slot >= 0 ? load_slot<T>(p, o, slot, i) : Op::apply(a.load(p, o, i), b.load(p, o, i));
+    return slot >= 0 ? load_slot<T>(p, o, slot, i) : cast<T>(Op::apply(a.load(p, o, i), b.load(p, o, i)));
   }
   template <int V, bool Vec, std::size_t M>
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>& p, std::int64_t i) const {
@@ -378,7 +378,8 @@ struct traced_op<T, Op, K0, K1, K2> {
   K2 c;
   template <std::size_t M>
   CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
-    return slot >= 0 ? load_slot<T>(p, o, slot, i) : Op::apply(a.load(p, o, i), b.load(p, o, i), c.load(p, o, i));
+    return slot >= 0 ? load_slot<T>(p, o, slot, i)
+                     : cast<T>(Op::apply(a.load(p, o, i), b.load(p, o, i), c.load(p, o, i)));
   }
   template <int V, bool Vec, std::size_t M>
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>& p, std::int64_t i) const {
@@ -570,14 +571,14 @@ recorded_part<X, M, R> record_expr(const X& x, recorded_expr& rec, const trace_s
     ins.fn = [] {
       // The operands' register types: a scalar's is its stored (compute) type.
       if constexpr (Op::arity == 1)
-        return &P::template apply_block<Op, typename X::value_type, kernel_value_t<std::tuple_element_t<0, args_t>>>;
+        return &P::template apply_block<Op, typename X::value_type, typename kernel_value<std::tuple_element_t<0, args_t>>::type>;
       else if constexpr (Op::arity == 2)
-        return &P::template apply_block<Op, typename X::value_type, kernel_value_t<std::tuple_element_t<0, args_t>>,
-                                        kernel_value_t<std::tuple_element_t<1, args_t>>>;
+        return &P::template apply_block<Op, typename X::value_type, typename kernel_value<std::tuple_element_t<0, args_t>>::type,
+                                        typename kernel_value<std::tuple_element_t<1, args_t>>::type>;
       else
-        return &P::template apply_block<Op, typename X::value_type, kernel_value_t<std::tuple_element_t<0, args_t>>,
-                                        kernel_value_t<std::tuple_element_t<1, args_t>>,
-                                        kernel_value_t<std::tuple_element_t<2, args_t>>>;
+        return &P::template apply_block<Op, typename X::value_type, typename kernel_value<std::tuple_element_t<0, args_t>>::type,
+                                        typename kernel_value<std::tuple_element_t<1, args_t>>::type,
+                                        typename kernel_value<std::tuple_element_t<2, args_t>>::type>;
     }();
     for (int j = 0; j < 3; ++j) ins.args[j] = regs[j];
     const int reg = push(ins);
