@@ -6,7 +6,7 @@
 //
 //   loss = mse(linear(tanh(linear(x, w1, b1)), w2, b2), y)          forward
 //   grads = value_and_grad(loss)                                      backward
-//   grads = all_reduce(grads, avg)                                    DDP's gradient average
+//   grads = all_reduce_gradients(grads, avg)                          DDP's gradient average
 //   params, state = AdamW(params, grads, state)                       one fused update per tensor
 #pragma once
 
@@ -41,8 +41,9 @@ inline auto train_step(cg::optim::adamw_options opt, cg::group world) {
                       const auto&... state) {
     using V = std::decay_t<decltype(x)>;
     auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
-    std::vector<V> grads;
-    for (const V& g : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(g, "avg", world));
+    // DDP's order: the last layer's gradients (ready first) are all_reduced first, so their
+    // all_reduce overlaps the rest of the backward once scheduled.
+    const std::vector<V> grads = cg::all_reduce_gradients(std::vector<V>{g1, g2, g3, g4}, "avg", world);
     auto [params, st] = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
                                         cg::optim::adamw_state<V>::from_tensors({state...}), opt);
     std::vector<V> out{cg::all_reduce(loss, "avg", world)};

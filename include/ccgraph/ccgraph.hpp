@@ -52,6 +52,7 @@
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/runtime/threads.hpp>
 #include <ccgraph/autograd/checkpoint.hpp>
+#include <ccgraph/autograd/data_parallel.hpp>
 #include <ccgraph/autograd/grad.hpp>
 #include <ccgraph/autograd/optim.hpp>  // templates only over headers above: no measurable cost
 #include <ccgraph/schedule/schedule.hpp>

@@ -41,8 +41,7 @@ auto dp_train_step(Opt o, cg::group g) {
                 const auto&... st) {
     using V = std::decay_t<decltype(x)>;
     auto [loss, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {2, 3, 4, 5})(x, y, w1, b1, w2, b2);
-    std::vector<V> grads;
-    for (const V& gr : {g1, g2, g3, g4}) grads.push_back(cg::all_reduce(gr, "avg", g));
+    const std::vector<V> grads = cg::all_reduce_gradients(std::vector<V>{g1, g2, g3, g4}, "avg", g);
     const auto r = cg::optim::step(std::vector<V>{w1, b1, w2, b2}, grads,
                                    state_of<State, V>::type::from_tensors({st...}), o);
     std::vector<V> out{cg::all_reduce(loss, "avg", g)};

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""PyTorch's side of bench_gpu_train (issue 15 item 6), to run in the same lease: the same
+data-parallel MLP step (x[T, H] -> linear(w1[F, H]) -> gelu -> linear(w2[H, F]) -> mean(y^2),
+bf16, backward, DDP's gradient all_reduce, fused AdamW lr 1e-4) with DDP eagerly and with
+torch.compile, on min(2, GPUs) ranks (as bench_gpu_train). The step is the one of
+../shared/bench/torch_train_anchor.py (PERF.md's anchor), its data-parallel part only.
+Median of 10 steps after 4, CUDA events. Prints a table and RESULT lines.
+
+Usage: python3 bench/torch_train_reference.py [--quick]   (--quick: T = 2048, as bench_gpu_train)
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def timeit(step, iters=10, warm=4):
+    for _ in range(warm):
+        step()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+class MLP(nn.Module):
+    def __init__(self, h, f):
+        super().__init__()
+        self.w1 = nn.Linear(h, f, bias=False)
+        self.w2 = nn.Linear(f, h, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+def worker(rank, world, t_rows):
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=rank, world_size=world)
+    dev = torch.device("cuda", rank)
+    h, f = 4096, 16384
+    workload = f"dp_mlp_T{t_rows}_H{h}_F{f}"
+    out = {}
+    for mode in ("eager", "compile"):
+        torch.manual_seed(0)
+        m = MLP(h, f).to(dev, torch.bfloat16)
+        ddp = nn.parallel.DistributedDataParallel(m, device_ids=[rank])
+        fwd = torch.compile(ddp) if mode == "compile" else ddp
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+        x = torch.randn(t_rows, h, device=dev, dtype=torch.bfloat16)
+        last = {}
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            y = fwd(x)
+            loss = (y.float() ** 2).mean()
+            loss.backward()
+            opt.step()
+            last["loss"] = loss
+
+        out[mode] = (timeit(step), float(last["loss"].item()))
+        del m, ddp, fwd, opt
+    if rank == 0:
+        print(f"# torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, {world} x {torch.cuda.get_device_name(0)}")
+        print("| workload | torch | ms/step | loss after 14 steps |\n|---|---|---|---|")
+        for mode, (ms, loss) in out.items():
+            print(f"| {workload} | ddp_{mode} | {ms:.3f} | {loss:.6g} |")
+        for mode, (ms, _) in out.items():
+            print(f"RESULT {workload} torch_ddp_{mode} {ms:.3f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    unknown = [a for a in args if a != "--quick"]
+    if unknown:
+        sys.exit(f"torch_train_reference.py: unknown argument(s) {unknown}; usage: [--quick]")
+    world = min(2, torch.cuda.device_count())
+    if world < 1:
+        print("torch_train_reference.py: no GPU")
+        sys.exit(0)
+    mp.spawn(worker, args=(world, 2048 if "--quick" in args else 8192), nprocs=world, join=True)
