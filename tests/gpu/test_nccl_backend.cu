@@ -120,7 +120,13 @@ results collective_suite(cg::rank_context& ctx) {
     out["all_reduce_.in_place"] = values(y);
   }
   {
-    auto xb = x.to<cg::bf16>();
+    // bf16: small integers whose partial sums stay integers below 256 (exact in bf16) on up to
+    // 8 ranks, so every summation order gives the same bits. (With x's values, x.to<bf16>(),
+    // NCCL's ring on 4 GPUs rounded its partial sums differently from the threads backend: 600
+    // for 604, 4 = one bf16 step apart.)
+    std::vector<double> small(static_cast<std::size_t>(8 * n));
+    for (std::size_t i = 0; i < small.size(); ++i) small[i] = static_cast<double>(i % 16 + static_cast<std::size_t>(r));
+    const auto xb = cg::tensor<double>::from(small, {2 * n, 4}).to<cg::bf16>();
     out["all_reduce.bf16"] = values(cg::all_reduce(xb, "sum", w));
     auto xi = x.to<std::int32_t>();
     out["all_reduce.i32.min"] = values(cg::all_reduce(xi, "min", w));
