@@ -7,8 +7,8 @@
 #
 # The cases that one GPU runs (the kernels, one-rank collectives) run first, GPU_CHECK_JOBS at
 # a time, each process seeing one GPU (CUDA_VISIBLE_DEVICES, in turns): what they check does not
-# depend on the GPU count. The cases that need more GPUs run after them, one at a time, with
-# every GPU visible.
+# depend on the GPU count. The cases that need more GPUs run after them with every GPU visible:
+# all in one process first, then each one that did not pass there alone.
 #
 # Usage: bash scripts/gpu_check.sh BUILD_DIR OUTDIR
 #   BUILD_DIR  a CUDA build of ccgraph (its binaries may have been built on another machine and
@@ -17,6 +17,8 @@
 #   GPU_CHECK_CASE_TIMEOUT   seconds per test case (default 60)
 #   GPU_CHECK_CASES          a doctest filter for the cases (default: all that a GPU count runs)
 #   GPU_CHECK_JOBS           one-GPU cases run at once (default: the number of GPUs)
+#   GPU_CHECK_TOGETHER       0: every multi-GPU case alone, without the run of all in one process
+#   GPU_CHECK_TOGETHER_TIMEOUT  seconds for that run (default: the case limit + 10 per case)
 #   GPU_CHECK_BENCH          0 skips bench_gpu; otherwise its arguments (default --quick)
 #   GPU_CHECK_BENCH_TIMEOUT  seconds for bench_gpu (default 300)
 # Exits non-zero when any step failed.
@@ -107,9 +109,36 @@ if [ -x "$tests" ]; then
     for i in "${!one_gpu_cases[@]}"; do printf '%s\0%s\0' "$i" "${one_gpu_cases[$i]}"; done |
       xargs -0 -n 2 -P "$jobs" bash -c 'run_one_gpu_case "$1" "$2"' _ || failed=1
   fi
-  for c in "${all_cases[@]}"; do
-    [ -n "$c" ] || continue
-    [ -n "${on_one[$c]:-}" ] && continue
+  multi=()
+  for c in "${all_cases[@]}"; do [ -n "$c" ] && [ -z "${on_one[$c]:-}" ] && multi+=("$c"); done
+  # The multi-GPU cases first all in one process (NCCL's set-up, seconds a process, is then paid
+  # once: 16 4-GPU cases took 44 s together and 4-10 s each alone): a case that finished there
+  # without an error is recorded from that run. The others (failed, or never reached because the
+  # process failed or hung) then run alone, each under its own limit and with its own log.
+  declare -A passed_together=() failed_together=()
+  together="$OUT/cases/multi_gpu_cases_together.log"
+  if [ "${GPU_CHECK_TOGETHER:-1}" != 0 ] && [ "${#multi[@]}" -gt 1 ] && ! printf '%s\n' "${multi[@]}" | grep -q ','; then
+    limit=${GPU_CHECK_TOGETHER_TIMEOUT:-$((case_timeout + 10 * ${#multi[@]}))}
+    t0=$SECONDS
+    timeout -k 10 "$limit" "$tests" "-tc=$(IFS=,; echo "${multi[*]}")" --duration=true >"$together" 2>&1
+    echo "# ${#multi[@]} multi-GPU cases in one process: exit $?, $((SECONDS - t0)) s ($together)" | tee -a "$OUT/env.txt"
+    # doctest --duration=true: "TEST CASE:  <name>" opens a case, "<seconds> s: <name>" ends it;
+    # an "ERROR:" line between them is a failed check or an exception.
+    while IFS=$'\t' read -r how c secs; do
+      if [ "$how" = ok ]; then
+        passed_together[$c]=1
+        step "case $c (with the others)" ok "$secs" "see $together"
+      else
+        failed_together[$c]=1
+      fi
+    done < <(awk '/^TEST CASE:  /{c=substr($0,13)} /ERROR: /{bad[c]=1}
+                  /^[0-9.]+ s: /{n=$0; sub(/^[0-9.]+ s: /,"",n); t[n]=int($1+0.5)}
+                  END{for (n in t) print ((n in bad) ? "failed" : "ok") "\t" n "\t" t[n]}' "$together")
+  fi
+  for c in "${multi[@]}"; do
+    [ -n "${passed_together[$c]:-}" ] && continue
+    # A case that fails only beside the others is still a failure (state left by another case).
+    [ -n "${failed_together[$c]:-}" ] && step "case $c (with the others)" failed 0 "see $together"
     # doctest filters treat , as a separator and * ? as wildcards: those match themselves here.
     run_step "case $c" "$case_timeout" "$OUT/cases/$c.log" "$tests" "-tc=$c" --duration=true
   done
