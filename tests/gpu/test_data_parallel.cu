@@ -111,4 +111,8 @@ GPUS_TEST_CASE("gpu.data_parallel.mlp_adamw_in_place.4_gpus", 4) {
   check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.01, .weight_decay = 0.05}, 4, true);
 }
 
+GPUS_TEST_CASE("gpu.data_parallel.mlp_adamw_in_place.8_gpus", 8) {  // (not run yet: no 8-GPU machine lent)
+  check_data_parallel<9>(cg::optim::adamw_options{.lr = 0.01, .weight_decay = 0.05}, 8, true);
+}
+
 }  // namespace gpu_test_data_parallel

@@ -109,6 +109,10 @@ TEST_CASE("gpu_graphs.seed_program.all_modes.4_gpus" * doctest::skip(ccgraph_tes
   seed_program_all_modes(4, 257);
 }
 
+TEST_CASE("gpu_graphs.seed_program.all_modes.8_gpus" * doctest::skip(ccgraph_test::gpu_count() < 8)) {
+  seed_program_all_modes(8, 96);  // (not run yet: no 8-GPU machine lent)
+}
+
 TEST_CASE("gpu_graphs.seed_cudagraph_case.bf16" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
   // bf16, n in {1024, 2048, 4096}, three calls each: `y = x*x; all_reduce(y); x = silu(x);
   // return x*y`, against the CPU backend in float over the same bf16 inputs.
@@ -290,6 +294,10 @@ TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.2_gpus" * do
 
 TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.4_gpus" * doctest::skip(ccgraph_test::gpu_count() < 4)) {
   routing_case(4);
+}
+
+TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.8_gpus" * doctest::skip(ccgraph_test::gpu_count() < 8)) {
+  routing_case(8);  // (not run yet: no 8-GPU machine lent)
 }
 
 TEST_CASE("gpu_graphs.graph_runner_reuses_its_arena" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
