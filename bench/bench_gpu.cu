@@ -5,6 +5,11 @@
 //
 // Times come from CUDA events on each rank's stream, after warm-up; medians over iterations;
 // inputs are random and rotated between two sets.
+//
+// Last, the cost model (ccgraph/schedule/cost_model.hpp) against what was measured: each
+// collective's time (analytic NCCL model of this GPU; and calibrated from the measured PERF.md
+// sizes, predicting the sizes between them), and the seed program's and the TP MLP's step times
+// (cg::predict of the schedule that ran, analytic and calibrated with every measured collective).
 // This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all
 // (the in-tree build passes the macro already: bench/CMakeLists.txt).
 #ifndef CCGRAPH_CUDA_NO_OP_KERNELS
@@ -27,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +135,21 @@ const std::vector<std::pair<std::string, std::size_t>> busbw_sizes = {{"1MiB", s
                                                                       {"16MiB", std::size_t{16} << 20},
                                                                       {"128MiB", std::size_t{128} << 20},
                                                                       {"1GiB", std::size_t{1} << 30}};
+/// Sizes between busbw_sizes, measured the same way for the cost model's calibration check
+/// (model_report): calibrated from busbw_sizes, it predicts these.
+const std::vector<std::pair<std::string, std::size_t>> held_out_sizes = {{"4MiB", std::size_t{4} << 20},
+                                                                         {"64MiB", std::size_t{64} << 20},
+                                                                         {"256MiB", std::size_t{256} << 20}};
+
+/// One collective timed by collective_busbw under the default options (rank 0's medians).
+struct measured_collective {
+  std::string workload;  // allreduce, allgather, reducescatter, alltoall
+  std::string size;      // "1MiB", ...
+  double bytes;          // nccl-tests' size: the all_reduce buffer, all_gather's output, ...
+  bool held_out;         // from held_out_sizes
+  double ccgraph_us, raw_us;
+};
+std::vector<measured_collective> measured_collectives;
 
 // ---------------------------------------------------------------------------------------------
 // Raw NCCL: the reference. One thread per GPU, its own communicator and stream.
@@ -208,7 +229,10 @@ void collective_busbw(cg::rank_context& ctx, const cg::group& world, const std::
   const int n = ctx.world_size();
   raw_comm raw(n, raw_id, ctx.rank(), all);
   const cudaStream_t s = cg::cuda::current_stream();
-  for (const auto& [name, bytes] : busbw_sizes) {
+  std::vector<std::pair<std::string, std::size_t>> sizes = busbw_sizes;
+  if (tag.empty()) sizes.insert(sizes.end(), held_out_sizes.begin(), held_out_sizes.end());
+  for (const auto& [name, bytes] : sizes) {
+    const bool held_out = std::find(held_out_sizes.begin(), held_out_sizes.end(), std::pair{name, bytes}) != held_out_sizes.end();
     const auto elems = static_cast<std::int64_t>(bytes / 2);
     const std::int64_t shard = elems / n;  // all_gather's input, reduce_scatter's output, an all_to_all chunk
     const auto full = cg::uniform<cg::bf16>({elems}, -1, 1, 7 + static_cast<std::uint64_t>(ctx.rank()));
@@ -253,6 +277,10 @@ void collective_busbw(cg::rank_context& ctx, const cg::group& world, const std::
         const std::string w = std::string(r.workload) + "_busbw_" + name;
         report(w, "raw_nccl" + tag, busbw_gbs(size, ms[0], n, r.all_reduce), "GB/s");
         report(w, "ccgraph_eager" + tag, busbw_gbs(size, ms[1], n, r.all_reduce), "GB/s");
+        if (tag.empty()) {
+          std::lock_guard lk(results_mu);
+          measured_collectives.push_back({r.workload, name, size, held_out, ms[1] * 1e3, ms[0] * 1e3});
+        }
       }
     }
   }
@@ -392,6 +420,121 @@ void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const st
   }, nopt);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The cost model against the measurements
+// ---------------------------------------------------------------------------------------------
+
+/// The preset of the GPU named `name` (H200 or else H100: the machines lent for this bench).
+cg::device_spec spec_of(const std::string& name) {
+  return name.find("H200") != std::string::npos ? cg::device_spec::h200() : cg::device_spec::h100();
+}
+
+/// The NCCL collective, calibration op name and one rank's input bytes of a busbw workload of
+/// nccl-tests' size `bytes` on n ranks (what cost_model::nccl_collective and
+/// calibration::interpolate read).
+struct collective_kind {
+  cg::nccl_coll coll;
+  std::string op;
+  double input_bytes;
+};
+collective_kind kind_of(const std::string& workload, double bytes, int n) {
+  if (workload == "allreduce") return {cg::nccl_coll::all_reduce, "all_reduce", bytes};
+  if (workload == "allgather") return {cg::nccl_coll::all_gather, "all_gather_into_tensor", bytes / n};
+  if (workload == "reducescatter") return {cg::nccl_coll::reduce_scatter, "reduce_scatter_tensor", bytes};
+  if (workload == "alltoall") return {cg::nccl_coll::all_to_all, "all_to_all_single", bytes};
+  throw std::invalid_argument("bench_gpu: no collective for workload '" + workload + "'");
+}
+
+/// A measured RESULT of this run (untagged impl), or nullopt.
+std::optional<double> measured(const std::string& workload, const std::string& impl) {
+  std::lock_guard lk(results_mu);
+  for (auto it = results.rbegin(); it != results.rend(); ++it)
+    if (it->workload == workload && it->impl == impl) return it->value;
+  return std::nullopt;
+}
+
+/// Prints the cost model's predictions beside the measured times on n GPUs named `gpu`: every
+/// collective (analytic; calibrated from busbw_sizes for held_out_sizes), then the programs
+/// (cg::predict of the schedules bench_gpu ran, analytic and calibrated from every measured
+/// collective). `MODEL` lines, then a markdown table; ratio = predicted / measured.
+void model_report(int n, const std::string& gpu) {
+  const cg::device_spec spec = spec_of(gpu);
+  const cg::cost_model analytic(spec);
+  cg::calibration from_perf_sizes, from_all;
+  for (const auto& m : measured_collectives) {
+    const auto k = kind_of(m.workload, m.bytes, n);
+    if (!m.held_out) from_perf_sizes.add(k.op, n, static_cast<std::int64_t>(k.input_bytes), m.ccgraph_us);
+    from_all.add(k.op, n, static_cast<std::int64_t>(k.input_bytes), m.ccgraph_us);
+  }
+  const cg::cost_model calibrated(spec, from_all);
+  std::vector<std::string> table;
+  auto row = [&](const std::string& what, double meas, double pred, std::optional<double> cal) {
+    char c_us[32] = "-", c_ratio[32] = "-", text[512];
+    if (cal) {
+      std::snprintf(c_us, sizeof c_us, "%.1f", *cal);
+      std::snprintf(c_ratio, sizeof c_ratio, "%.2f", *cal / meas);
+    }
+    std::printf("MODEL %s %.1f %.1f %.2f %s %s\n", what.c_str(), meas, pred, pred / meas, c_us, c_ratio);
+    std::snprintf(text, sizeof text, "| %s | %.1f | %.1f | %.2f | %s | %s |", what.c_str(), meas, pred, pred / meas, c_us,
+                  c_ratio);
+    table.emplace_back(text);
+  };
+  std::printf("\n# cost model (%s preset, %d ranks) vs measured: MODEL <what> <measured us> <analytic us> "
+              "<analytic/measured> <calibrated us> <calibrated/measured>\n",
+              spec.name.c_str(), n);
+  for (const auto& m : measured_collectives) {
+    const auto k = kind_of(m.workload, m.bytes, n);
+    const double pred = analytic.nccl_collective(k.coll, m.bytes, n).us;
+    std::optional<double> cal;
+    if (m.held_out) cal = from_perf_sizes.interpolate(k.op, n, static_cast<std::int64_t>(k.input_bytes));
+    row(m.workload + "_" + m.size + (m.held_out ? " (held out)" : ""), m.ccgraph_us, pred, cal);
+  }
+  // The programs as bench_gpu scheduled them (its schedules use the H200 preset, as
+  // ccgraph_bench), predicted with this GPU's preset.
+  cg::schedule_options sched;
+  sched.model = cg::cost_model(cg::device_spec::h200());
+  sched.agreement = cg::collective_agreement::spmd;
+  cg::schedule_options a_opt = sched, c_opt = sched;
+  a_opt.model = analytic;
+  c_opt.model = calibrated;
+  std::vector<int> all(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  const cg::group world = all;
+  const cg::trace_options traced{.rank = 0, .world_size = n};
+  auto program_rows = [&](const std::string& workload, const cg::graph& g,
+                          const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>& modes) {
+    for (const auto& [passes, impls] : modes) {
+      const cg::graph s = cg::schedule(g, passes, sched);
+      const double pred = cg::predict(s, a_opt).total_us, cal = cg::predict(s, c_opt).total_us;
+      for (const auto& impl : impls)
+        if (auto ms = measured(workload, impl)) row(workload + " " + impl, *ms * 1e3, pred, cal);
+    }
+  };
+  const std::vector<std::string> reorder = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
+  for (std::int64_t size : {std::int64_t{4096}, std::int64_t{8192}}) {
+    const auto g = cg::trace(traced, seed_program(world), cg::input<cg::bf16>({size, size}));
+    program_rows("seed_overlap_" + std::to_string(size), g,
+                 {{{}, {"ccgraph_eager"}},
+                  {reorder, {"ccgraph_graph", "ccgraph_cudagraph"}},
+                  {{"overlap"}, {"ccgraph_graph_overlap", "ccgraph_cudagraph_overlap"}}});
+  }
+  {
+    const std::int64_t T = 8192, H = 8192, F = 4 * H / n;
+    const auto g = cg::trace(traced, tp_mlp(world), cg::input<cg::bf16>({T, H}), cg::input<cg::bf16>({H, F}),
+                             cg::input<cg::bf16>({F, H}));
+    program_rows("tp_mlp", g, {{{}, {"ccgraph_eager", "ccgraph_cudagraph"}}});
+    for (int chunks : {2, 4, 8}) {
+      sched.decompose_chunks = chunks;
+      program_rows("tp_mlp", g,
+                   {{{"decompose_matmul_collectives", "overlap"}, {"ccgraph_cudagraph_decomposed" + std::to_string(chunks)}}});
+    }
+  }
+  std::printf("\n| %s, %d ranks: what | measured us | analytic us | analytic / measured | calibrated us | "
+              "calibrated / measured |\n|---|---:|---:|---:|---:|---:|\n",
+              spec.name.c_str(), n);
+  for (const auto& l : table) std::printf("%s\n", l.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -411,6 +554,7 @@ int main(int argc, char** argv) {
   try {
     if (!programs) raw_nccl(n);
     ccgraph_bench(n, quick, {}, "", programs);
+    if (!programs && n > 1) model_report(n, prop.name);
     // _nccl: every collective on NCCL's kernels (no copy-engine all_reduce).
     cg::cuda::nccl_options nc;
     nc.copy_engine = cg::cuda::copy_engine_all_reduce::off;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # PERF.md's GPU workloads through ccgraph (bench_gpu) and through PyTorch (torch_reference.py) in one
-# run on one machine, merged into one markdown table (compare_table.py).
+# run on one machine, both on every visible GPU (CUDA_VISIBLE_DEVICES picks fewer), merged into one
+# markdown table (compare_table.py). bench_gpu's output also has the cost model's predictions
+# beside the measured times (`MODEL` lines and their table).
 #
 # Usage: bash bench/compare_gpu.sh BUILD_DIR [OUTDIR]
 #   BUILD_DIR  a CUDA build of ccgraph (runs BUILD_DIR/bench/bench_gpu)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference numbers for PERF.md's GPU workloads, on 2 GPUs.
+"""PyTorch reference numbers for PERF.md's GPU workloads, on every GPU (or --world N of them).
 
 Prints, from rank 0 only, one line per measurement:
 
@@ -16,14 +16,15 @@ Workloads (see design/PERF.md):
   allreduce_4KiB_eager                 us    f32, per op, loops of 1000 ops
   seed_overlap_{4096,8192}             ms    the seed overlap program, bf16 N x N per rank
                                               torch_eager, torch_compile[, torch_compile_reorder]
-  tp_mlp                               ms    x[8192,8192] @ w1[H,4H/2] -> gelu -> @ w2 -> all_reduce
+  tp_mlp                               ms    x[8192,8192] @ w1[H,4H/world] -> gelu -> @ w2 -> all_reduce
                                               torch_eager, torch_compile
 
 Timing: CUDA events on the current stream after warm-up, median of per-iteration times (or of
 batches of small ops); random inputs, two sets rotated. Every workload is wrapped in try/except:
 a failure prints `RESULT <workload> <impl> nan <unit>` and a `# error:` line and the run goes on.
 
-Usage: python3 bench/torch_reference.py [--quick] [--only SUBSTR[,SUBSTR...]] [--timeout S] [--deadline S]
+Usage: python3 bench/torch_reference.py [--quick] [--world N] [--only SUBSTR[,SUBSTR...]] [--timeout S] [--deadline S]
+(the world is every visible GPU by default, as bench_gpu's)
 Set TORCH_REFERENCE_TRACEBACK=1 for full tracebacks of failures.
 """
 
@@ -54,7 +55,7 @@ try:
 except Exception:  # noqa: BLE001
     pass
 
-WORLD = 2
+WORLD = 2  # set by main() (--world, default: every visible GPU) before the workers start
 MiB = 1 << 20
 
 # Set in each worker.
@@ -255,8 +256,8 @@ def bench_busbw():
         cases = {
             "allreduce": (
                 lambda: timed(full, lambda x: funcol.wait_tensor(funcol.all_reduce(x, "sum", _GROUP)), True),
-                # In place: each op doubles the values (2 ranks, sum); two buffers, <= 40 ops each,
-                # stay far inside bf16's range.
+                # In place: each op multiplies the values by WORLD (sum); two buffers, <= 28 ops
+                # each: 4^28 = 2^56 and 8^28 = 2^84 stay inside bf16's range (2^127).
                 lambda: timed(full, lambda x: dist.all_reduce(x, op=dist.ReduceOp.SUM), True),
             ),
             "allgather": (
@@ -421,8 +422,9 @@ def bench_tp_mlp():
 
 
 def worker(rank, args):
-    global _GROUP, _RANK, _ARGS
+    global _GROUP, _RANK, _ARGS, WORLD
     _RANK, _ARGS = rank, args
+    WORLD = args.world  # spawned workers start a fresh interpreter: main()'s global is not theirs
 
     torch.cuda.set_device(rank)
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -477,15 +479,20 @@ def main():
     p.add_argument("--only", default="", help="comma-separated substrings of workload names to run")
     p.add_argument("--timeout", type=int, default=300, help="NCCL collective timeout, seconds")
     p.add_argument("--deadline", type=int, default=600, help="kill the workers after this many seconds")
+    p.add_argument("--world", type=int, default=0, help="ranks, one per GPU (default: every visible GPU, as bench_gpu)")
     args = p.parse_args()
 
+    global WORLD
     if _IMPORT_ERROR is not None:
         print(f"# error: torch not importable: {_IMPORT_ERROR}", flush=True)
         return 2
-    if not torch.cuda.is_available() or torch.cuda.device_count() < WORLD:
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        print(f"# error: need {WORLD} CUDA devices, found {n}", flush=True)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.world == 0:
+        args.world = n
+    if args.world < 1 or n < args.world:
+        print(f"# error: --world {args.world} needs as many CUDA devices, found {n}", flush=True)
         return 2
+    WORLD = args.world
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())

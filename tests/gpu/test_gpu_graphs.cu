@@ -1,6 +1,6 @@
 // Traced graphs on GPUs: eager, the graph runner (scheduled), and CUDA Graph replay give the
-// CPU backend's results; the seeds' CUDA Graph case. Skipped without a GPU (two-rank cases
-// without two).
+// CPU backend's results; the seeds' CUDA Graph case. Skipped without a GPU (the 2- and 4-rank
+// cases without as many).
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/runtime/compiled_function.hpp>
 #include <ccgraph/schedule/schedule.hpp>
@@ -102,6 +102,15 @@ TEST_CASE("gpu_graphs.seed_program.all_modes.1_gpu" * doctest::skip(ccgraph_test
 TEST_CASE("gpu_graphs.seed_program.all_modes.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
   seed_program_all_modes(2, 96);
   seed_program_all_modes(2, 257);  // odd sizes: unaligned rows for the GEMM and the kernels
+}
+
+TEST_CASE("gpu_graphs.seed_program.all_modes.4_gpus" * doctest::skip(ccgraph_test::gpu_count() < 4)) {
+  seed_program_all_modes(4, 96);
+  seed_program_all_modes(4, 257);
+}
+
+TEST_CASE("gpu_graphs.seed_program.all_modes.8_gpus" * doctest::skip(ccgraph_test::gpu_count() < 8)) {
+  seed_program_all_modes(8, 96);  // (not run yet: no 8-GPU machine lent)
 }
 
 TEST_CASE("gpu_graphs.seed_cudagraph_case.bf16" * doctest::skip(ccgraph_test::gpu_count() < 1)) {
@@ -231,28 +240,38 @@ TEST_CASE("gpu_graphs.compile_function_records_one_cuda_graph_per_signature" * d
   });
 }
 
-TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
-  // Issue 17 on GPUs: MoE routing changes all_to_all_single's split sizes (and here a
-  // broadcast's src) every step while every shape stays. Each call must give the eager
-  // result, interpreted or replayed as a CUDA Graph, results waited or pending: a program seen
-  // before reuses its graph (and recording), a new one gets its own.
-  cg::cuda::run_gpus(2, [](cg::rank_context& ctx) {
+namespace {
+
+/// Issue 17 on GPUs: MoE routing changes all_to_all_single's split sizes (and here a
+/// broadcast's src) every step while every shape stays. Each call must give the eager result,
+/// interpreted or replayed as a CUDA Graph, results waited or pending: a program seen before
+/// reuses its graph (and recording), a new one gets its own. On n ranks rank i sends
+/// c[(j - i) mod n] rows to rank j, c = {a, n + 2 - a, 1, ..., 1}: every rank sends and receives
+/// 2n rows whatever a (on 2 ranks: a rows to itself, 4 - a to the other).
+void routing_case(int n) {
+  cg::cuda::run_gpus(n, [n](cg::rank_context& ctx) {
     const int me = ctx.rank();
-    std::int64_t a = 1;  // rank 0 sends a rows to itself, 4 - a to rank 1; rank 1 the mirror
+    std::int64_t a = 1;
     int src = 0;
     auto routed = [&](auto x) {
-      const std::vector<std::int64_t> splits = me == 0 ? std::vector<std::int64_t>{a, 4 - a}
-                                                       : std::vector<std::int64_t>{4 - a, a};
-      auto moved = cg::all_to_all_single(x, splits, splits, ctx.world());
+      std::vector<std::int64_t> c(static_cast<std::size_t>(n), 1);
+      c[0] = a;
+      c[1] = n + 2 - a;
+      std::vector<std::int64_t> send(static_cast<std::size_t>(n)), recv(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        send[static_cast<std::size_t>(j)] = c[static_cast<std::size_t>((j - me + n) % n)];
+        recv[static_cast<std::size_t>(j)] = c[static_cast<std::size_t>((me - j + n) % n)];
+      }
+      auto moved = cg::all_to_all_single(x, recv, send, ctx.world());
       return std::make_tuple(cg::eval(moved * 2.f), cg::broadcast(x, src, ctx.world()));
     };
     auto plain = cg::compile_function<float>(routed, ctx);
     auto pending = cg::compile_function<float>(routed, ctx, {.compile = {.pending_outputs = true}});
     auto recorded = cg::compile_function<float>(routed, ctx, {.compile = {.cuda_graph = true}});
-    const auto x = cg::tensor<float>(cg::arange<float>(8).reshape({4, 2}) + static_cast<float>(100 * me));
+    const auto x = cg::tensor<float>(cg::arange<float>(4 * n).reshape({2 * n, 2}) + static_cast<float>(100 * me));
     const std::pair<int, int> steps[] = {{1, 0}, {3, 0}, {1, 1}, {2, 1}, {3, 0}, {1, 0}};  // (a, src)
     for (const auto& step : steps) {
-      INFO("a " << step.first << ", src " << step.second);
+      INFO("rank " << me << " of " << n << ", a " << step.first << ", src " << step.second);
       a = step.first;
       src = step.second;
       const auto want = routed(x);
@@ -263,8 +282,22 @@ TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.2_gpus" * do
       }
     }
     for (auto* f : {&plain, &pending, &recorded}) CHECK(f->compiles() == 4);  // (1,0) (3,0) (1,1) (2,1)
-    CHECK(recorded.compiled_for({{4, 2}})->exec().captured());
+    CHECK(recorded.compiled_for({{2 * n, 2}})->exec().captured());
   });
+}
+
+}  // namespace
+
+TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  routing_case(2);
+}
+
+TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.4_gpus" * doctest::skip(ccgraph_test::gpu_count() < 4)) {
+  routing_case(4);
+}
+
+TEST_CASE("gpu_graphs.compile_function_never_replays_an_old_routing.8_gpus" * doctest::skip(ccgraph_test::gpu_count() < 8)) {
+  routing_case(8);  // (not run yet: no 8-GPU machine lent)
 }
 
 TEST_CASE("gpu_graphs.graph_runner_reuses_its_arena" * doctest::skip(ccgraph_test::gpu_count() < 1)) {

@@ -1,7 +1,8 @@
 // tests/gpu/test_nccl_p2p.cu: point-to-point (batch_isend_irecv as one NCCL group, send, recv)
 // and the rest of c10d (reduce, gather, scatter, barrier, list all_gather and all_to_all) on
 // the nccl backend, every result compared with the threads backend's on the same program, plus
-// a traced pipeline step compiled on the GPUs. Needs 2 GPUs (skipped otherwise).
+// a traced pipeline step compiled on the GPUs. On 2 and 4 GPUs (each skipped without enough):
+// on 4 the batches go around a ring and send/recv between the pairs (0, 1) and (2, 3).
 #include <ccgraph/cuda.hpp>
 #include <ccgraph/schedule/schedule.hpp>
 #include <ccgraph/runtime/verify.hpp>
@@ -60,7 +61,9 @@ constexpr cg::dtype dtypes[] = {cg::dtype::f32, cg::dtype::f64, cg::dtype::i32, 
 
 results p2p_suite(cg::rank_context& ctx) {
   results out;
-  const int r = ctx.rank(), n = ctx.world_size(), peer = 1 - r;
+  // Each rank sends to the next rank of a ring and receives from the previous one (on 2 ranks
+  // both are the other rank).
+  const int r = ctx.rank(), n = ctx.world_size(), next = (r + 1) % n, prev = (r + n - 1) % n;
   const auto w = ctx.world();
   for (cg::dtype d : dtypes)
     cg::visit_dtype(d, [&](auto tag) {
@@ -71,12 +74,12 @@ results p2p_suite(cg::rank_context& ctx) {
       // on each rank. Transfers between one sender and one receiver meet in the order each lists
       // them (NCCL matches a peer's sends and receives in order: a batch whose orders differ there
       // is refused, tests/ops/test_p2p.cpp).
-      auto got = r == 0 ? cg::batch_isend_irecv({cg::isend(a, peer), cg::irecv(a, peer), cg::isend(b, peer), cg::irecv(b, peer)}, w)
-                        : cg::batch_isend_irecv({cg::irecv(a, peer), cg::irecv(b, peer), cg::isend(a, peer), cg::isend(b, peer)}, w);
+      auto got = r % 2 == 0 ? cg::batch_isend_irecv({cg::isend(a, next), cg::irecv(a, prev), cg::isend(b, next), cg::irecv(b, prev)}, w)
+                            : cg::batch_isend_irecv({cg::irecv(a, prev), cg::irecv(b, prev), cg::isend(a, next), cg::isend(b, next)}, w);
       out["batch0." + dt] = values(got[0]);
       out["batch1." + dt] = values(got[1]);
-      if (r == 0) cg::send(a, 1, w);
-      else out["recv." + dt] = values(cg::recv(a, 0, w));
+      if (r % 2 == 0) cg::send(a, r + 1, w);  // n is even
+      else out["recv." + dt] = values(cg::recv(a, r - 1, w));
       for (auto op : {cg::reduce_op::sum, cg::reduce_op::product, cg::reduce_op::max})
         out["reduce." + std::string(cg::to_string(op)) + "." + dt] = values(cg::reduce(a, 1, op, w));
       const auto parts = cg::gather(a, 0, w);
@@ -101,6 +104,7 @@ results p2p_suite(cg::rank_context& ctx) {
 using namespace p2p_gpu_test;
 
 GPUS_TEST_CASE("nccl.p2p_and_c10d_rest_match_threads_backend.2_gpus", 2) { same_as_threads(2, p2p_suite); }
+GPUS_TEST_CASE("nccl.p2p_and_c10d_rest_match_threads_backend.4_gpus", 4) { same_as_threads(4, p2p_suite); }
 
 GPUS_TEST_CASE("nccl.p2p_traced_pipeline_step_matches_eager.2_gpus", 2) {
   cg::cuda::run_gpus(2, [](cg::rank_context& ctx) {

@@ -1,6 +1,6 @@
 // premul_sum (ncclRedOpCreatePreMulSum) and complex tensors (c64/c128 as pairs of reals) on the
 // nccl backend: every reducing collective, and the moving ones for complex, compared with the
-// threads backend's results on the same inputs, on 1 and 2 GPUs; the errors c10d gives for the
+// threads backend's results on the same inputs, on 1, 2 and 4 GPUs; the errors c10d gives for the
 // combinations it refuses are the same on both backends.
 #include <ccgraph/cuda.hpp>
 
@@ -163,6 +163,7 @@ void premul_complex_case(int n) {
 
 GPU_TEST_CASE("nccl.premul_sum_and_complex_match_threads_backend.1_gpu") { premul_complex_case(1); }
 GPUS_TEST_CASE("nccl.premul_sum_and_complex_match_threads_backend.2_gpus", 2) { premul_complex_case(2); }
+GPUS_TEST_CASE("nccl.premul_sum_and_complex_match_threads_backend.4_gpus", 4) { premul_complex_case(4); }
 
 TEST_CASE("nccl.copy_engine_all_reduce_refuses_premul_sum_and_complex") {
   // No GPU needed: the pair kernel has neither, so such all_reduces go to NCCL.

@@ -1,7 +1,8 @@
 // One process per GPU: started by scripts/ccgraph-launch (CTest label gpu), each process joins
 // through init_from_env (tcp_store rendezvous on MASTER_ADDR:MASTER_PORT), runs collectives on
 // its GPU and checks them; exits non-zero on a wrong result. With two processes the large
-// all_reduces run on the copy engines between processes (CUDA IPC, shared-memory flags).
+// all_reduces run on the copy engines between processes (CUDA IPC, shared-memory flags); with
+// four or more, a 2-D mesh's pairs (copy engines again) and columns (NCCL) run too.
 // This program calls no op with a CUDA kernel of its own (cuda_impl): skip compiling them all.
 #define CCGRAPH_CUDA_NO_OP_KERNELS
 #include <ccgraph/cuda.hpp>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <string>
 #include <vector>
 
 namespace cg = ccgraph;
@@ -32,6 +34,17 @@ int main() {
       auto b = cg::all_reduce(cg::full<cg::bf16>({m}, cg::bf16(static_cast<float>(2 * r))), "max", ctx.world());
       ok = ok && a.to_vector() == std::vector<float>(static_cast<std::size_t>(m), want);
       for (auto v : b.to_vector()) ok = ok && static_cast<float>(v) == static_cast<float>(2 * (n - 1));
+    }
+    // On 4 or more (an even number of) processes, a 2-D mesh (n/2 x 2): the pairs and the
+    // columns are communicators of their own, their ids exchanged through the tcp_store.
+    if (n >= 4 && n % 2 == 0) {
+      const cg::device_mesh mesh({n / 2, 2}, std::vector<std::string>{"dp", "tp"});
+      const auto pair = cg::all_reduce(cg::full<float>({1 << 20}, static_cast<float>(r + 1)), "sum", cg::group{mesh, "tp"});
+      const float pair_sum = static_cast<float>(2 * (r - r % 2) + 3);  // (r - r%2 + 1) + (r - r%2 + 2)
+      ok = ok && pair.to_vector() == std::vector<float>(std::size_t{1} << 20, pair_sum);
+      const auto col = cg::all_reduce(cg::full<float>({1000}, static_cast<float>(r)), "sum", cg::group{mesh, "dp"});
+      const float col_sum = static_cast<float>((r % 2) * (n / 2) + 2 * ((n / 2) * (n / 2 - 1) / 2));  // sum of r % 2 + 2k
+      ok = ok && col.to_vector() == std::vector<float>(1000, col_sum);
     }
     auto* nr = dynamic_cast<cg::cuda::detail::nccl_rank*>(&ctx.comm());
     std::printf("rank %d: %llu all_reduces on the copy engines\n", r,
