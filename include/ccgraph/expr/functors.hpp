@@ -20,9 +20,9 @@ inline constexpr bool all_same_v = (std::is_same_v<T, Ts> && ...);
 
 /// The element type T of an op whose operands arrive as types A...: every operand is a T, or a
 /// scalar already in compute_t<T> (expr.hpp's scalar_leaf), so T is the one 16-bit float among
-/// them if there is one, else the first type. (Spelled `typename storage_of<...>::type`, never
-/// through an alias template: nvcc 13 confuses instantiations of an alias with a pack in a
-/// return type, giving a bf16 op float's result type.)
+/// them if there is one, else the first type. (An op whose operands are all such scalars,
+/// where(c, 0.5, 1.0) of bf16, yields compute_t<T>: the kernel trees round each node's result
+/// to the node's own type.)
 template <class... A>
 struct storage_of;
 template <class A>
