@@ -13,6 +13,7 @@
 #include <ccgraph/ccgraph.hpp>
 
 #include "autograd/dp_mlp.hpp"
+#include "autograd/values.hpp"
 #include "support.hpp"
 
 namespace cg = ccgraph;
@@ -21,12 +22,9 @@ namespace dp_order_test {
 
 using T = cg::tensor<double>;
 
-inline T values(cg::shape_t shape, double lo, double hi, int seed) {
-  const std::int64_t n = cg::numel_of(shape);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    v[static_cast<std::size_t>(i)] = lo + (hi - lo) * std::fmod(0.6180339887 * double(i * 7 + seed * 13 + 3), 1.0);
-  return T::from(v, shape);
+/// Deterministic values in [lo, hi) (tests/autograd/values.hpp).
+inline T values(const cg::shape_t& shape, double lo, double hi, int seed) {
+  return ccgraph_test::spread_values(shape, lo, hi, seed);
 }
 
 /// The gradients of the MLP's loss all_reduced (avg) over `g`: in parameter order (w1, b1, w2,

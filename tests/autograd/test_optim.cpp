@@ -16,6 +16,7 @@
 #include <ccgraph/ccgraph.hpp>  // includes autograd/optim.hpp
 
 #include "autograd/dp_mlp.hpp"
+#include "autograd/values.hpp"
 #include "support.hpp"
 
 namespace cg = ccgraph;
@@ -33,12 +34,8 @@ using T = cg::tensor<double>;
 using vec = std::vector<double>;
 
 /// A tensor of `shape` with values spread over [lo, hi) (deterministic).
-inline T uniform_values(cg::shape_t shape, double lo, double hi, int seed) {
-  const std::int64_t n = cg::numel_of(shape);
-  vec v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    v[static_cast<std::size_t>(i)] = lo + (hi - lo) * std::fmod(0.6180339887 * double(i * 7 + seed * 13 + 3), 1.0);
-  return T::from(v, shape);
+inline T uniform_values(const cg::shape_t& shape, double lo, double hi, int seed) {
+  return ccgraph_test::spread_values(shape, lo, hi, seed);
 }
 
 /// The parameters of the tests: two of different shapes.
