@@ -24,8 +24,8 @@
 
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/expr/expr.hpp>
-#include <ccgraph/ops/pointwise.hpp>
 #include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ops/pointwise.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 #include <ccgraph/trace/ops.hpp>
 #include <ccgraph/trace/symbolic.hpp>
