@@ -14,10 +14,14 @@
 // median of 10. Inputs are random (randn / nn.Linear's uniform init). Prints a table and one
 // `RESULT <workload> <impl> <ms> ms` line per row; bench/compare_train.sh runs the anchor beside it.
 //
-// Usage: bench_gpu_train [--quick]   (--quick: T = 2048, for a smoke run)
+// Usage: bench_gpu_train [--quick] [--timeline]
+//   --quick      T = 2048, for a smoke run
+//   --timeline   after timing, GPU 0's kernels of the in-place step from CUPTI (cupti_timeline.hpp):
+//                where the step's time goes, to read beside torch_train_reference.py --profile
 #include <ccgraph/cuda.hpp>
 
 #include "bench_args.hpp"
+#include "cupti_timeline.hpp"
 
 #include <cuda_runtime.h>
 
@@ -90,7 +94,8 @@ double time_ms(F&& step, int warm = 4, int iters = 10) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick]", {"--quick"});
+  const bench::args args(argc, argv, "[--quick] [--timeline]", {"--quick", "--timeline"});
+  const bool timeline = args.has("--timeline");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
     std::printf("bench_gpu_train: no GPU\n");
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
   const std::string workload = "dp_mlp_T" + std::to_string(t_rows) + "_H" + std::to_string(h) + "_F" + std::to_string(f);
   std::vector<double> ms(2, 0.0);
   std::vector<double> loss(2, 0.0);
+  if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
     cg::generator gen(1234, static_cast<std::uint64_t>(ctx.rank()));  // each rank its own batch
     const T x = cg::randn<bf>({t_rows, h}, gen);
@@ -129,13 +135,16 @@ int main(int argc, char** argv) {
         }
       };
       const double t = time_ms(one);
+      if (timeline && in_place)
+        bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, in place", 2, true, [&](int) { one(); });
       if (ctx.rank() == 0) {
         ms[in_place ? 0 : 1] = t;
         loss[in_place ? 0 : 1] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
       }
     }
   });
-  const double tflop = 3.0 * 2.0 * 2.0 * double(t_rows) * double(h) * double(f) / 1e12;  // fwd 2 GEMMs, bwd 4
+  // GEMMs: 2 forward, 3 backward (x takes no gradient: dW2, dA, dW1), 2 T H F FLOPs each.
+  const double tflop = 5.0 * 2.0 * double(t_rows) * double(h) * double(f) / 1e12;
   char dev[256] = {0};
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::snprintf(dev, sizeof dev, "%s", prop.name);
@@ -146,5 +155,6 @@ int main(int argc, char** argv) {
   for (int k = 0; k < 2; ++k)
     std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), names[k], ms[k], tflop / (ms[k] / 1e3), loss[k]);
   for (int k = 0; k < 2; ++k) std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), names[k], ms[k]);
+  if (timeline) bench::cupti::flush();
   return 0;
 }

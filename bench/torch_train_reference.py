@@ -6,7 +6,10 @@ torch.compile, on min(2, GPUs) ranks (as bench_gpu_train). The step is the one o
 ../shared/bench/torch_train_anchor.py (PERF.md's anchor), its data-parallel part only.
 Median of 10 steps after 4, CUDA events. Prints a table and RESULT lines.
 
-Usage: python3 bench/torch_train_reference.py [--quick]   (--quick: T = 2048, as bench_gpu_train)
+Usage: python3 bench/torch_train_reference.py [--quick] [--profile]
+  --quick     T = 2048, as bench_gpu_train --quick
+  --profile   after timing, rank 0 prints each mode's kernels over 3 steps (torch.profiler's
+              table by CUDA time), to read beside bench_gpu_train --timeline
 """
 import os
 import sys
@@ -44,7 +47,7 @@ class MLP(nn.Module):
         return self.w2(F.gelu(self.w1(x)))
 
 
-def worker(rank, world, t_rows):
+def worker(rank, world, t_rows, profile):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=rank, world_size=world)
@@ -70,6 +73,15 @@ def worker(rank, world, t_rows):
             last["loss"] = loss
 
         out[mode] = (timeit(step), float(last["loss"].item()))
+        if profile:
+            from torch.profiler import ProfilerActivity, profile as torch_profile
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            if rank == 0:
+                print(f"\n### torch DDP {mode}: kernels of 3 steps, rank 0\n", flush=True)
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70), flush=True)
         del m, ddp, fwd, opt
     if rank == 0:
         print(f"# torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, {world} x {torch.cuda.get_device_name(0)}")
@@ -83,11 +95,11 @@ def worker(rank, world, t_rows):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    unknown = [a for a in args if a != "--quick"]
+    unknown = [a for a in args if a not in ("--quick", "--profile")]
     if unknown:
-        sys.exit(f"torch_train_reference.py: unknown argument(s) {unknown}; usage: [--quick]")
+        sys.exit(f"torch_train_reference.py: unknown argument(s) {unknown}; usage: [--quick] [--profile]")
     world = min(2, torch.cuda.device_count())
     if world < 1:
         print("torch_train_reference.py: no GPU")
         sys.exit(0)
-    mp.spawn(worker, args=(world, 2048 if "--quick" in args else 8192), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, 2048 if "--quick" in args else 8192, "--profile" in args), nprocs=world, join=True)
