@@ -13,7 +13,9 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <ccgraph/ccgraph.hpp>
@@ -159,6 +161,32 @@ TEST_CASE("grad.pointwise.unary") {
   gradcheck<0>([](const auto& a) { return cg::sum(cg::erf(a) + cg::abs(a - 0.8)); }, x);
   const auto z = values({2, 5}, -1.5, 1.5, 4);
   gradcheck<0>([](const auto& a) { return cg::sum(cg::relu(a) * 2.0 + cg::gelu(a) + cg::silu(a)); }, z);
+  // gelu's and silu's rules record one fused derivative op each; those have rules too (the
+  // gradient of a gradient), checked here on the ops themselves.
+  const auto w = values({2, 5}, -1.0, 1.0, 5);
+  gradcheck<0, 1>([](const auto& g, const auto& a) {
+    return cg::sum(cg::detail::make_expr<cg::ops::gelu_backward>(g, a) * 1.5 +
+                   cg::detail::make_expr<cg::ops::silu_backward>(g, a));
+  }, w, z);
+}
+
+TEST_CASE("grad.pointwise.gelu_silu_record_one_derivative_node") {
+  // The backward of gelu (silu) is one pointwise node, not the ten (six) of its formula: one
+  // kernel over the activation, and in bf16 one rounding.
+  for (const bool silu : {false, true}) {
+    const auto g = cg::trace([&](const auto& a) {
+      auto [l, d] = cg::value_and_grad([&](const auto& x) {
+        using V = std::decay_t<decltype(x)>;
+        return cg::sum(silu ? V(cg::silu(x)) : V(cg::gelu(x)));
+      })(a);
+      return d;
+    }, cg::input<double>({4, 8}));
+    int pointwise = 0;
+    for (const cg::node* n : g.nodes())
+      if (std::holds_alternative<cg::ops::pointwise>(n->kind())) ++pointwise;
+    CAPTURE(silu);
+    CHECK(pointwise == 3);  // the forward, the loss's gradient (a fill of ones), the derivative
+  }
 }
 
 TEST_CASE("grad.pointwise.pow_where_clamp_extremes") {
@@ -189,6 +217,27 @@ TEST_CASE("grad.matmul") {
                   values({4, 3}, -1, 1, 4));
   gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::sin(cg::matmul(a, b))); }, values({2, 4}),
                   values({4}, -1, 1, 5));
+  // transposed operands (x @ w.T, a.T @ b, batched): their gradients are computed in the
+  // layout of the tensor they were transposed from
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::tanh(cg::matmul(a, b.transpose(0, 1)))); },
+                  values({3, 4}), values({2, 4}, -1, 1, 6));
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::tanh(cg::matmul(a.transpose(0, 1), b))); },
+                  values({4, 3}), values({4, 2}, -1, 1, 7));
+  gradcheck<0, 1>([](const auto& a, const auto& b) {
+    return cg::sum(cg::sin(cg::matmul(a.transpose(-2, -1), b.transpose(-1, -2))));
+  }, values({2, 4, 3}), values({2, 5, 4}, -1, 1, 8));
+  gradcheck<0, 1>([](const auto& a, const auto& b) { return cg::sum(cg::sin(cg::matmul(a, b.transpose(0, 1)))); },
+                  values({2, 3, 4}), values({5, 4}, -1, 1, 9));  // broadcast batch: the general rule
+}
+
+TEST_CASE("grad.matmul.transposed_weight_gets_a_contiguous_gradient") {
+  // y = x @ w.T: w's gradient is (dyᵀ x), contiguous in w's layout, not a transposed view of
+  // (xᵀ dy) that the gradient's all_reduce and the optimizer would read strided.
+  const auto x = values({6, 4}), w = values({5, 4}, -1, 1, 2);
+  auto f = [](const auto& a, const auto& b) { return cg::sum(cg::tanh(cg::matmul(a, b.transpose(0, 1)))); };
+  const auto [l, gx, gw] = cg::value_and_grad(f, {0, 1})(x, w);
+  CHECK(gw.is_contiguous());
+  CHECK(gx.is_contiguous());
 }
 
 TEST_CASE("grad.bf16_follows_the_double_gradient") {

@@ -8,6 +8,7 @@
 // (the umbrella does) compiles no rule.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -149,6 +150,19 @@ class grad_ctx {
   }
   /// True when input i needs a gradient (it depends on a differentiated input).
   bool needs_grad(std::size_t i) const { return needs_.at(i) != 0; }
+  /// True when input i is a transpose of its source's last two dims (`w.transpose(0, 1)` of a
+  /// matrix, `x.transpose(-2, -1)`): a rule can then give that input's gradient transposed from
+  /// a product computed in the source's own layout, as PyTorch's mm_mat2_backward does by
+  /// strides, so the source's gradient (a weight's) is contiguous for its collective and the
+  /// optimizer rather than a transposed view every later pointwise kernel reads strided.
+  bool input_is_transposed(std::size_t i) const {
+    const value_ref& v = n_->args().at(i);
+    const auto* t = std::get_if<ops::transpose>(&v.src->kind());
+    const std::size_t r = v.src->meta(v.index).shape.size();
+    if (t == nullptr || r < 2) return false;
+    const int d0 = normalize_dim(t->dim0, r, "grad"), d1 = normalize_dim(t->dim1, r, "grad");
+    return std::min(d0, d1) == static_cast<int>(r) - 2 && std::max(d0, d1) == static_cast<int>(r) - 1;
+  }
   /// Adds `g` to input i's gradient.
   template <class U>
   void add_grad(std::size_t i, const symbolic<U>& g) {

@@ -280,7 +280,8 @@ bool with_pointwise_op(std::string_view name, F&& f) {
                           ops::sigmoid, ops::sin, ops::cos, ops::exp, ops::log, ops::tanh, ops::sqrt, ops::rsqrt,
                           ops::erf, ops::sign, ops::floor, ops::ceil, ops::round, ops::trunc, ops::maximum,
                           ops::minimum, ops::pow, ops::clamp, ops::eq, ops::ne, ops::lt, ops::le, ops::gt, ops::ge,
-                          ops::where, ops::to<T>, ops::to<bool>, ops::dropout>;
+                          ops::where, ops::to<T>, ops::to<bool>, ops::dropout, ops::gelu_backward,
+                          ops::silu_backward>;
   bool found = false;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     ((!found && std::tuple_element_t<I, tags>::name == name

@@ -221,6 +221,26 @@ struct silu : ::ccgraph::detail::pointwise_tag<silu, 1, true> {
   static constexpr std::string_view name = "silu";
   template <class C> CCGRAPH_HOST_DEVICE static C compute(C a) { return a / (C(1) + std::exp(-a)); }
 };
+/// gelu's derivative applied to a gradient: g (Φ(a) + a φ(a)) computed in compute_t<T> and
+/// rounded once, as PyTorch's GeluBackward kernel. gelu's gradient rule records this one op
+/// rather than the ten its formula has: one kernel, and one rounding in bf16 instead of ten.
+struct gelu_backward : ::ccgraph::detail::pointwise_tag<gelu_backward, 2, true> {
+  static constexpr std::string_view name = "gelu_backward";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C g, C a) {
+    const C cdf = C(0.5) * (C(1) + std::erf(a * C(0.70710678118654752440)));
+    const C pdf = C(0.39894228040143267794) * std::exp(C(-0.5) * a * a);
+    return g * (cdf + a * pdf);
+  }
+};
+/// silu's derivative applied to a gradient: g s (1 + a (1 - s)), s = sigmoid(a), in
+/// compute_t<T> and rounded once (PyTorch's SiluBackward); silu's gradient rule records it.
+struct silu_backward : ::ccgraph::detail::pointwise_tag<silu_backward, 2, true> {
+  static constexpr std::string_view name = "silu_backward";
+  template <class C> CCGRAPH_HOST_DEVICE static C compute(C g, C a) {
+    const C s = C(1) / (C(1) + std::exp(-a));
+    return g * s * (C(1) + a * (C(1) - s));
+  }
+};
 /// 1 / (1 + exp(-a))
 struct sigmoid : ::ccgraph::detail::pointwise_tag<sigmoid, 1, true> {
   static constexpr std::string_view name = "sigmoid";
@@ -535,22 +555,35 @@ struct pointwise_gradient<ops::relu> {
 };
 template <>
 struct pointwise_gradient<ops::gelu> {
-  // d/da a Φ(a) = Φ(a) + a φ(a)
+  // d/da a Φ(a) = Φ(a) + a φ(a), fused into one op
   template <class D>
-  static void backward(D& d) {
-    const auto a = d.arg(0);
-    const auto cdf = 0.5 * (1.0 + d.template call<ops::erf>(a * 0.70710678118654752440));
-    const auto pdf = 0.39894228040143267794 * d.template call<ops::exp>(-0.5 * a * a);
-    d.grad(0, d.g() * (cdf + a * pdf));
-  }
+  static void backward(D& d) { d.grad(0, d.template call<ops::gelu_backward>(d.g(), d.arg(0))); }
 };
 template <>
 struct pointwise_gradient<ops::silu> {
-  // s (1 + a (1 - s)), s = sigmoid(a)
+  // s (1 + a (1 - s)), s = sigmoid(a), fused into one op
+  template <class D>
+  static void backward(D& d) { d.grad(0, d.template call<ops::silu_backward>(d.g(), d.arg(0))); }
+};
+template <>
+struct pointwise_gradient<ops::gelu_backward> {
+  // f = g gelu'(a): df/dg = gelu'(a), df/da = g φ(a) (2 - a²) (double backward)
   template <class D>
   static void backward(D& d) {
-    const auto s = d.template call<ops::sigmoid>(d.arg(0));
-    d.grad(0, d.g() * s * (1.0 + d.arg(0) * (1.0 - s)));
+    const auto a = d.arg(1);
+    d.grad(0, d.template call<ops::gelu_backward>(d.g(), a));
+    d.grad(1, d.g() * d.arg(0) * (0.39894228040143267794 * d.template call<ops::exp>(-0.5 * a * a)) * (2.0 - a * a));
+  }
+};
+template <>
+struct pointwise_gradient<ops::silu_backward> {
+  // f = g silu'(a): df/dg = silu'(a), df/da = g s (1 - s) (2 + a (1 - 2 s)), s = sigmoid(a)
+  template <class D>
+  static void backward(D& d) {
+    const auto a = d.arg(1);
+    const auto s = d.template call<ops::sigmoid>(a);
+    d.grad(0, d.template call<ops::silu_backward>(d.g(), a));
+    d.grad(1, d.g() * d.arg(0) * s * (1.0 - s) * (2.0 + a * (1.0 - 2.0 * s)));
   }
 };
 template <>

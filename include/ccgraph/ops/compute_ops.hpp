@@ -4,6 +4,7 @@
 // view methods on storage-less tensors).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -404,8 +405,23 @@ struct op_traits<ops::matmul> {
       if (b1) gs.push_back(1);
       if (gs != g.shape()) g = g.reshape(gs);
       auto back = [&](auto v, std::size_t i) { return v.shape() == c.input(i).shape() ? v : v.reshape(c.input(i).shape()); };
-      if (c.needs_grad(0)) c.add_grad(0, back(c.sum_to(matmul(g, b.transpose(-2, -1)), a.shape()), 0));
-      if (c.needs_grad(1)) c.add_grad(1, back(c.sum_to(matmul(a.transpose(-2, -1), g), b.shape()), 1));
+      // An operand transposed from a tensor (x @ w.T) gets its gradient as the transpose of the
+      // product in that tensor's layout, (dCᵀ A)ᵀ or (B dCᵀ)ᵀ: the same sums, and w's gradient
+      // is contiguous (grad_ctx::input_is_transposed). Only where no batch dim is broadcast.
+      const bool same_batch = !a1 && !b1 && a.dim() == b.dim() &&
+                              std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin());
+      if (c.needs_grad(0)) {
+        if (same_batch && c.input_is_transposed(0))
+          c.add_grad(0, matmul(b, g.transpose(-2, -1)).transpose(-2, -1));
+        else
+          c.add_grad(0, back(c.sum_to(matmul(g, b.transpose(-2, -1)), a.shape()), 0));
+      }
+      if (c.needs_grad(1)) {
+        if (same_batch && c.input_is_transposed(1))
+          c.add_grad(1, matmul(g.transpose(-2, -1), a).transpose(-2, -1));
+        else
+          c.add_grad(1, back(c.sum_to(matmul(a.transpose(-2, -1), g), b.shape()), 1));
+      }
     }
   };
   using sharding = sharding_rules::matmul;
