@@ -265,13 +265,27 @@ inline std::string value_key(const value_ref& r) {
 // kernel generated from the tree; `load(p, o, i)` reads input s at p[s][o[s + 1] + i]; the
 // inputs may have different element types, so p holds untyped pointers.
 
-/// Input `slot` at element i: p[slot][o[slot + 1] + i]. The slot is known only at run time;
-/// selecting it with an unrolled compare chain keeps the pointer and offset arrays in
-/// registers (a run-time index would move them to local memory in a kernel).
+/// A node's input pointers as a device kernel reads them. Bit j of `one` marks input j as a
+/// single element read for every output element (a 0-d value broadcast, as AdamW's step
+/// count): it is read at p[j][0] whatever the layout, so its all-zero strides do not keep the
+/// node off the vectorised flat kernel. Inputs past the 64th are never marked.
+template <std::size_t M>
+struct traced_ptrs {
+  std::array<const void*, M> p{};
+  std::uint64_t one = 0;
+  CCGRAPH_HOST_DEVICE const void* operator[](std::size_t j) const { return p[j]; }
+  CCGRAPH_HOST_DEVICE bool single(std::size_t j) const { return j < 64 && ((one >> j) & 1u) != 0; }
+};
+
+/// Input `slot` at element i: p[slot][o[slot + 1] + i] (p[slot][0] for a single element). The
+/// slot is known only at run time; selecting it with an unrolled compare chain keeps the
+/// pointer and offset arrays in registers (a run-time index would move them to local memory
+/// in a kernel).
 template <class T, std::size_t M>
-CCGRAPH_HOST_DEVICE T load_slot(const std::array<const void*, M>& p, const std::int64_t* o, int slot, std::int64_t i) {
+CCGRAPH_HOST_DEVICE T load_slot(const traced_ptrs<M>& p, const std::int64_t* o, int slot, std::int64_t i) {
   const void* q = p[0];
   std::int64_t off = o[1];
+  bool single = p.single(0);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
@@ -279,19 +293,25 @@ CCGRAPH_HOST_DEVICE T load_slot(const std::array<const void*, M>& p, const std::
     if (static_cast<int>(j) == slot) {
       q = p[j];
       off = o[j + 1];
+      single = p.single(j);
     }
-  return static_cast<const T*>(q)[off + i];
+  return single ? static_cast<const T*>(q)[0] : static_cast<const T*>(q)[off + i];
 }
 
 /// Input `slot`'s elements i, ..., i+V-1 of a flat layout (the pack form of load_slot).
 template <int V, bool Vec, class T, std::size_t M>
-CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack(const std::array<const void*, M>& p, int slot, std::int64_t i) {
+CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack(const traced_ptrs<M>& p, int slot, std::int64_t i) {
   const void* q = p[0];
+  bool single = p.single(0);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (std::size_t j = 1; j < M; ++j)
-    if (static_cast<int>(j) == slot) q = p[j];
+    if (static_cast<int>(j) == slot) {
+      q = p[j];
+      single = p.single(j);
+    }
+  if (single) return fill_pack<V>(static_cast<const T*>(q)[0]);
   return load_pack_at<V, Vec>(static_cast<const T*>(q) + i);
 }
 
@@ -300,11 +320,11 @@ template <class T>
 struct traced_slot {
   int slot = -1;
   template <std::size_t M>
-  CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE T load(const traced_ptrs<M>& p, const std::int64_t* o, std::int64_t i) const {
     return load_slot<T>(p, o, slot, i);
   }
   template <int V, bool Vec, std::size_t M>
-  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>& p, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>& p, std::int64_t i) const {
     return load_slot_pack<V, Vec, T>(p, slot, i);
   }
 };
@@ -313,9 +333,9 @@ template <class T>
 struct traced_scalar {
   T v;
   template <std::size_t M>
-  CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>&, const std::int64_t*, std::int64_t) const { return v; }
+  CCGRAPH_HOST_DEVICE T load(const traced_ptrs<M>&, const std::int64_t*, std::int64_t) const { return v; }
   template <int V, bool Vec, std::size_t M>
-  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>&, std::int64_t) const {
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>&, std::int64_t) const {
     return fill_pack<V>(v);
   }
 };
@@ -326,12 +346,12 @@ struct traced_random {
   Dist d;
   philox_stream s;
   template <std::size_t M>
-  CCGRAPH_HOST_DEVICE typename Dist::value_type load(const std::array<const void*, M>&, const std::int64_t* o,
+  CCGRAPH_HOST_DEVICE typename Dist::value_type load(const traced_ptrs<M>&, const std::int64_t* o,
                                                      std::int64_t i) const {
     return draw_at(d, s, static_cast<std::uint64_t>(o[J] + i));
   }
   template <int V, bool Vec, std::size_t M>
-  CCGRAPH_HOST_DEVICE elem_pack<typename Dist::value_type, V> load_pack(const std::array<const void*, M>&,
+  CCGRAPH_HOST_DEVICE elem_pack<typename Dist::value_type, V> load_pack(const traced_ptrs<M>&,
                                                                        std::int64_t i) const {
     return random_kernel<Dist, J>{d, s}.template load_pack<V, Vec>(i);
   }
@@ -345,12 +365,12 @@ struct traced_op<T, Op, K0> {
   int slot = -1;
   K0 a;
   template <std::size_t M>
-  CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE T load(const traced_ptrs<M>& p, const std::int64_t* o, std::int64_t i) const {
     return slot >= 0 ? load_slot<T>(p, o, slot, i) : cast<T>(Op::apply(a.load(p, o, i)));
   }
   // The slot test is made once per pack, not once per element.
   template <int V, bool Vec, std::size_t M>
-  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>& p, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>& p, std::int64_t i) const {
     if (slot >= 0) return load_slot_pack<V, Vec, T>(p, slot, i);
     return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i)));
   }
@@ -361,11 +381,11 @@ struct traced_op<T, Op, K0, K1> {
   K0 a;
   K1 b;
   template <std::size_t M>
-  CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE T load(const traced_ptrs<M>& p, const std::int64_t* o, std::int64_t i) const {
     return slot >= 0 ? load_slot<T>(p, o, slot, i) : cast<T>(Op::apply(a.load(p, o, i), b.load(p, o, i)));
   }
   template <int V, bool Vec, std::size_t M>
-  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>& p, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>& p, std::int64_t i) const {
     if (slot >= 0) return load_slot_pack<V, Vec, T>(p, slot, i);
     return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i), b.template load_pack<V, Vec>(p, i)));
   }
@@ -377,12 +397,12 @@ struct traced_op<T, Op, K0, K1, K2> {
   K1 b;
   K2 c;
   template <std::size_t M>
-  CCGRAPH_HOST_DEVICE T load(const std::array<const void*, M>& p, const std::int64_t* o, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE T load(const traced_ptrs<M>& p, const std::int64_t* o, std::int64_t i) const {
     return slot >= 0 ? load_slot<T>(p, o, slot, i)
                      : cast<T>(Op::apply(a.load(p, o, i), b.load(p, o, i), c.load(p, o, i)));
   }
   template <int V, bool Vec, std::size_t M>
-  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const std::array<const void*, M>& p, std::int64_t i) const {
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>& p, std::int64_t i) const {
     if (slot >= 0) return load_slot_pack<V, Vec, T>(p, slot, i);
     return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i), b.template load_pack<V, Vec>(p, i),
                                      c.template load_pack<V, Vec>(p, i)));
@@ -592,7 +612,7 @@ recorded_part<X, M, R> record_expr(const X& x, recorded_expr& rec, const trace_s
 /// inputs the expression can have, one per symbolic leaf).
 template <class T, class Tree, std::size_t M>
 struct traced_kernel {
-  std::array<const void*, M> p;
+  traced_ptrs<M> p;
   Tree t;
   CCGRAPH_HOST_DEVICE T load(const std::int64_t* o, std::int64_t i) const { return t.load(p, o, i); }
   template <int V, bool Vec>
@@ -602,7 +622,7 @@ struct traced_kernel {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (std::size_t j = 0; j < M; ++j) ok = ok && (!p[j] || ::ccgraph::detail::aligned16(p[j]));
+    for (std::size_t j = 0; j < M; ++j) ok = ok && (!p[j] || p.single(j) || ::ccgraph::detail::aligned16(p[j]));
     return ok;
   }
 };
@@ -661,17 +681,26 @@ struct traced_pointwise_kernel final : pointwise_kernel {
     }
     std::array<strides_t, M + 1 + NR> strides;
     strides[0] = out.strides();
+    // A slot no input fills (M counts the expression's leaves; an input read twice fills one)
+    // and a single element read everywhere (k.p.one) take the output's contiguous strides:
+    // neither is read through them, and any other would send the node to the strided kernel.
+    const strides_t dense = contiguous_strides(out.shape());
     for (std::size_t j = 0; j < M; ++j) {
       if (j < ins.size()) {
         ::ccgraph::detail::visit([&](const auto& t) {
           CCGRAPH_CHECK(t.device() == out.device(), "pointwise: input ", j, " on ", t.device(),
                         " but the result is on ", out.device());
-          strides[j + 1] = std::decay_t<decltype(t)>::detail_broadcast_strides(t, out.shape());
-          k.p[j] = t.data();  // orders this stream after a collective still writing it
+          k.p.p[j] = t.data();  // orders this stream after a collective still writing it
+          if (j < 64 && t.numel() == 1) {
+            k.p.one |= std::uint64_t{1} << j;
+            strides[j + 1] = dense;
+          } else {
+            strides[j + 1] = std::decay_t<decltype(t)>::detail_broadcast_strides(t, out.shape());
+          }
         }, ins[j]);
       } else {
-        strides[j + 1] = strides_t(out.shape().size(), 0);
-        k.p[j] = nullptr;
+        strides[j + 1] = dense;
+        k.p.p[j] = nullptr;
       }
     }
     if constexpr (NR > 0) {
