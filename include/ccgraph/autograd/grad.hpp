@@ -24,6 +24,7 @@
 #include <ccgraph/autograd/pointwise_grad.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/graph.hpp>
+#include <ccgraph/ops/comm_counter.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/trace/ops.hpp>
@@ -181,9 +182,11 @@ class grad_ctx {
   }
   /// The rank the graph is traced for.
   int rank() const { return st_->rank; }
-  /// Records collective `op` on `xs` over this node's group (its waits follow).
+  /// Records collective `op` on `xs` over this node's group (its waits follow), counted by
+  /// the comm_counters alive (as every functional collective is).
   template <class U>
   std::vector<symbolic<U>> collective(ops::collective_op op, const std::vector<symbolic<U>>& xs) const {
+    note_collective(ops::name_of(op));
     return collective_backend<symbolic<U>>::issue(ops::name_of(op).data(), std::move(op), group(), xs);
   }
   /// Helpers for rules (members, so a rule in an op header finds them where it is instantiated):
@@ -303,9 +306,28 @@ std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vect
       accumulate(loss, filled_like(symbolic<U>(&st, loss), 1.0).ref());
     });
   }
+  // Gradient hooks (trace_state::grad_hooks) on a value replace its whole gradient when its node
+  // is reached (every user has been, so the gradient is complete). A differentiated value with
+  // a hook gets it run on every rank alike, with zeros where no gradient reached it, since a
+  // hook may issue collectives.
+  auto apply_hooks = [&](value_ref v) {
+    if (!depends.count(v)) return;
+    for (const grad_hook& h : st.grad_hooks) {
+      if (!(h.at == v)) continue;
+      auto g = grads.find(v);
+      const value_ref in = g != grads.end() ? g->second
+                                            : visit_grad_dtype(v.src->dtype(v.index), "a hooked value", [&](auto tag) {
+                                                using U = decltype(tag);
+                                                return filled_like(symbolic<U>(&st, v), 0.0).ref();
+                                              });
+      grads.insert_or_assign(v, h.fn(in));
+    }
+  };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     node* n = *it;
     if (n->category() == op_category::output || n->category() == op_category::input) continue;
+    if (!st.grad_hooks.empty())
+      for (int k = 0; k < n->num_outputs(); ++k) apply_hooks(value_ref{n, k});
     std::vector<std::optional<value_ref>> gout(static_cast<std::size_t>(n->num_outputs()));
     bool any_grad = false;
     int first = -1;
@@ -381,6 +403,14 @@ struct grad_element<T, Ts...> {
   using type = std::conditional_t<is_floating(dtype_v<T>), T, typename grad_element<Ts...>::type>;
 };
 
+/// A dtensor (dist/dtensor.hpp, a layer above): what value_and_grad reads of a dtensor loss.
+template <class R>
+concept dtensor_like = requires(const R& r) {
+  r.to_local();
+  r.placements();
+  r.device_mesh();
+};
+
 template <class X>
 struct traced_value_type {
   using type = typename X::value_type;
@@ -405,11 +435,33 @@ class value_and_grad_fn {
     using G = typename detail::grad_element<Ts...>::type;
     const std::array<value_ref, sizeof...(Ts)> refs{xs.ref()...};
     detail::trace_state* st = std::get<0>(std::forward_as_tuple(xs...)).state();
-    auto result = f_(xs...);
-    using R = std::remove_cvref_t<decltype(result)>;
-    static_assert(is_symbolic_v<R> || is_expression_v<R>,
-                  "value_and_grad: the function must return one tensor (its loss), a 0-d or 1-element one");
-    const symbolic<typename detail::traced_value_type<R>::type> value = result;
+    // Collective counters without a phase label count the forward under "forward" and the
+    // backward under "backward" (PyTorch's CommDebugMode does the same by module hooks).
+    auto label = [](const char* phase) {
+      std::vector<comm_counter::phase_scope> scopes;
+      for (comm_counter* c : detail::active_comm_counters())
+        if (c->current_phase().empty()) scopes.push_back(c->phase(phase));
+      return scopes;
+    };
+    auto forward_scopes = label("forward");
+    auto value = [&] {
+      auto result = f_(xs...);
+      using R = std::remove_cvref_t<decltype(result)>;
+      if constexpr (detail::dtensor_like<R>) {
+        // A dtensor loss: its local value through to_local(), whose gradient hook makes the
+        // gradients those of the global loss (a Replicate loss counted once, not once per rank).
+        using L = std::remove_cvref_t<decltype(result.to_local())>;
+        static_assert(is_symbolic_v<L>, "value_and_grad: a dtensor loss must be traced (its local value symbolic)");
+        return L(result.to_local());
+      } else {
+        static_assert(is_symbolic_v<R> || is_expression_v<R>,
+                      "value_and_grad: the function must return one tensor (its loss), a 0-d or 1-element one, "
+                      "or a dtensor of one element");
+        return symbolic<typename detail::traced_value_type<R>::type>(result);
+      }
+    }();
+    forward_scopes.clear();
+    auto backward_scopes = label("backward");
     CCGRAPH_CHECK(value.numel() == 1, "value_and_grad: the function must return one element (a 0-d or 1-element "
                   "tensor), got shape ", shape_str(value.shape()));
     std::vector<value_ref> wrt;

@@ -78,8 +78,49 @@ class dtensor {
     check_local_shape("dtensor");
   }
 
-  /// The calling rank's local value (PyTorch's to_local).
-  const Local& to_local() const { return local_; }
+  /// The calling rank's local value (PyTorch's to_local). Inside a differentiated function
+  /// (cg::value_and_grad, traced) it is where local gradients become the dtensor's:
+  /// `grad_placements` (default: this dtensor's placements) says how the gradient of the local
+  /// value is laid out, as in PyTorch. A gradient placed Replicate on a mesh dim is one value
+  /// held by every rank (so it is counted once, not once per rank: scaled by 1 / the dim's
+  /// size in the backward, which sums every rank's terms), Partial(sum) and Shard are each
+  /// rank's own term or piece (as they are), Partial(avg) a term of a mean (1 / size). Eager
+  /// tensors carry no gradient: there it is the local value.
+  Local to_local(std::optional<std::vector<placement>> grad_placements = std::nullopt) const {
+    constexpr const char* what = "dtensor::to_local";
+    std::vector<placement> gp = grad_placements ? normalize(*grad_placements, mesh_, shape_.size(), what) : placements_;
+    if constexpr (is_traced_v<Local>) {
+      double scale = 1;
+      bool any = false;
+      for (std::size_t i = 0; i < gp.size(); ++i) {
+        const int n = mesh_.size(static_cast<int>(i));
+        if (n == 1 || gp[i].is_shard() || gp[i].is_partial(reduce_op::sum)) continue;
+        any = true;
+        if (gp[i].is_replicate() || gp[i].is_partial(reduce_op::avg)) scale /= n;
+      }
+      if (!any) return local_;
+      // A distinct value (a reshape view, free) carries the hook, so other uses of the local
+      // value keep their gradients as they are.
+      Local out = local_.reshape(local_.shape());
+      auto* st = out.state();
+      st->grad_hooks.push_back({out.ref(), [st, scale, gp](auto g) {
+                                  for (const placement& p : gp)
+                                    CCGRAPH_CHECK(!p.is_partial() || p.is_partial(reduce_op::sum) ||
+                                                      p.is_partial(reduce_op::avg),
+                                                  "dtensor::to_local: the gradient of a local value laid out as ",
+                                                  placements_str(gp),
+                                                  " is not defined: Partial(sum), Partial(avg), Shard and Replicate "
+                                                  "gradients are; pass grad_placements");
+                                  return Local(Local(st, g) * static_cast<T>(scale)).ref();
+                                }});
+      return out;
+    } else {
+      (void)gp;
+      return local_;
+    }
+  }
+  /// The local value as stored, with no gradient boundary (what the dtensor ops compute on).
+  const Local& local_value() const { return local_; }
   /// The mesh (PyTorch's device_mesh).
   const ccgraph::device_mesh& device_mesh() const { return mesh_; }
   /// The mesh (PyTorch's device_mesh).
@@ -119,10 +160,11 @@ class dtensor {
 
   /// The whole tensor on every rank (PyTorch's full_tensor): redistribute to Replicate on every
   /// mesh dim, then the local value.
-  Local full_tensor() const {
+  /// `grad_placements` as to_local's (default: Replicate on every mesh dim).
+  Local full_tensor(std::optional<std::vector<placement>> grad_placements = std::nullopt) const {
     return redistribute_unchecked(std::vector<placement>(static_cast<std::size_t>(mesh_.ndim()), replicate()),
                                   "dtensor::full_tensor", false)
-        .to_local();
+        .to_local(std::move(grad_placements));
   }
 
   /// The plan redistribute follows from these placements to `placements` on the calling rank:
@@ -169,7 +211,30 @@ class dtensor {
     }
     Local x = local;
     if (opts.run_check) x = run_check(x, mesh, placements, !opts.shape.has_value());
+    if constexpr (is_traced_v<Local>) x = replicate_grad_boundary(x, mesh, placements);
     return dtensor(std::move(x), mesh, std::move(placements), std::move(global), opts.stride);
+  }
+
+  /// Traced from_local on Replicate mesh dims: the gradient of the local value is the dtensor
+  /// gradient's local value (PyTorch's from_local backward redistributes it to the placements
+  /// given): every rank's term of it summed, one all_reduce per Replicate mesh dim, in the
+  /// backward of a differentiated function (a gradient hook on a reshape view of `x`). Shard
+  /// and Partial dims need nothing: a shard's gradient is the gradient's shard, and a Partial
+  /// term's gradient is the whole gradient.
+  static Local replicate_grad_boundary(const Local& x, const ccgraph::device_mesh& mesh,
+                                       const std::vector<placement>& placements) {
+    std::vector<int> dims;
+    for (std::size_t i = 0; i < placements.size(); ++i)
+      if (placements[i].is_replicate() && mesh.size(static_cast<int>(i)) > 1) dims.push_back(static_cast<int>(i));
+    if (dims.empty()) return x;
+    Local out = x.reshape(x.shape());
+    auto* st = out.state();
+    st->grad_hooks.push_back({out.ref(), [st, mesh, dims](auto g) {
+                                Local v(st, g);
+                                for (int i : dims) v = all_reduce(v, reduce_op::sum, group(mesh, i));
+                                return v.ref();
+                              }});
+    return out;
   }
 
   /// from_local's run_check: every rank's local shape equal (eager, when the global shape is

@@ -178,7 +178,7 @@ auto sharded_call(const O& o, F&& local, const D0& d0, const D&... ds) {
   auto placed = [&]<std::size_t... K>(std::index_sequence<K...>) {
     return std::tuple{place_for(d0, s.in[0], what.c_str()), place_for(ds, s.in[K + 1], what.c_str())...};
   }(std::index_sequence_for<D...>{});
-  auto out = std::apply([&](const auto&... p) { return as_value(local(p.to_local()...)); }, placed);
+  auto out = std::apply([&](const auto&... p) { return as_value(local(p.local_value()...)); }, placed);
   using R = typename decltype(out)::value_type;
   const shape_t shape =
       op_traits<O>::infer(o, {tensor_meta{dtype_v<typename D0::value_type>, d0.shape()},
@@ -349,7 +349,7 @@ template <class O, class T, class L, class F>
 auto extreme_dim(const O& o, const dtensor<T, L>& x, F&& local) {
   const auto choice = choose_sharding(o, {spec_of(x)}, x.mesh(), sizeof(T));
   const sharding_strategy& s = choice.best();
-  auto [values, indices] = local(place_for(x, s.in.at(0), O::name.data()).to_local());
+  auto [values, indices] = local(place_for(x, s.in.at(0), O::name.data()).local_value());
   const shape_t shape = op_traits<O>::infer(o, {tensor_meta{dtype_v<T>, x.shape()}}, infer_ctx{}).at(0).shape;
   using LI = decltype(as_value(indices));
   return std::tuple{dtensor<T, decltype(as_value(values))>(as_value(values), x.mesh(), s.out, shape),
@@ -559,7 +559,7 @@ dtensor<T, L> sharded_list_call(const O& o, const std::vector<dtensor<T, L>>& xs
   std::vector<L> locals;
   std::vector<tensor_meta> metas;
   for (std::size_t i = 0; i < xs.size(); ++i) {
-    locals.push_back(place_for(xs[i], s.in[i], name).to_local());
+    locals.push_back(place_for(xs[i], s.in[i], name).local_value());
     metas.push_back({dtype_v<T>, xs[i].shape()});
   }
   L out = join(locals);

@@ -2,6 +2,7 @@
 // collectives resolve their groups against (any rank of any world size, no backend).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -25,6 +26,15 @@ struct trace_options {
 
 namespace detail {
 
+/// A gradient hook (PyTorch's Tensor.register_hook, for the traced backward): when reverse mode
+/// reaches the node of value `at`, the gradient accumulated for `at` is replaced by fn(gradient)
+/// before the node's own rule reads it. The dtensor boundaries (from_local, to_local) use it
+/// to convert between local gradients and dtensor gradients (dist/dtensor.hpp).
+struct grad_hook {
+  value_ref at;
+  std::function<value_ref(value_ref)> fn;
+};
+
 /// The graph being recorded and what recording needs. One per active trace, per thread.
 struct trace_state {
   graph g;
@@ -36,6 +46,8 @@ struct trace_state {
   /// The nodes of each cg::checkpoint region, in recording order (autograd/checkpoint.hpp):
   /// the backward reads recomputed copies of their values.
   std::vector<std::vector<const node*>> checkpoints;
+  /// Gradient hooks, in registration order (applied in that order to one value).
+  std::vector<grad_hook> grad_hooks;
 
   /// The canonical group of `g` for the traced rank ("the fake communicator").
   group_info resolve(const group& grp, const char* what) const {
