@@ -22,7 +22,6 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
-#include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ir/node_op.hpp>
 #include <ccgraph/schedule/memory_plan.hpp>
