@@ -27,11 +27,26 @@
 #include <ccgraph/ops/comm_counter.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
+#include <ccgraph/schedule/cost_model.hpp>
+#include <ccgraph/schedule/recompute.hpp>
 #include <ccgraph/trace/ops.hpp>
 #include <ccgraph/trace/symbolic.hpp>
 #include <ccgraph/trace/trace.hpp>
 
 namespace ccgraph {
+
+/// How cg::grad and cg::value_and_grad build the joint forward + backward graph.
+struct grad_options {
+  /// When the trace ends, run the recompute_pointwise pass on the whole graph: a cheap
+  /// pointwise value that the backward reads is recomputed there from inputs that are alive
+  /// anyway, instead of kept from the forward, wherever that lowers the memory planner's live
+  /// peak (schedule/recompute.hpp; PyTorch's joint-graph partitioner does this by default). The
+  /// results are the same bits either way.
+  bool recompute_pointwise = true;
+  /// Its time budget (estimated by the default cost model) and memory measure.
+  recompute_options recompute{};
+};
+
 namespace detail {
 
 /// Calls f(tag) with a value of the floating element type `d` that gradients are taken in
@@ -426,7 +441,7 @@ struct traced_value_type {
 template <class F, std::size_t N, bool WithValue>
 class value_and_grad_fn {
  public:
-  value_and_grad_fn(F f, std::array<int, N> wrt) : f_(std::move(f)), wrt_(wrt) {}
+  value_and_grad_fn(F f, std::array<int, N> wrt, grad_options opt = {}) : f_(std::move(f)), wrt_(wrt), opt_(opt) {}
 
   /// Traced: the value and the gradients as traced values of the enclosing trace.
   template <class... Ts>
@@ -475,6 +490,11 @@ class value_and_grad_fn {
       wrt.push_back(refs[static_cast<std::size_t>(k)]);
     }
     const std::vector<value_ref> g = detail::backprop(*st, value.ref(), wrt);
+    if (opt_.recompute_pointwise)
+      st->finish_with("recompute_pointwise", [o = opt_.recompute](graph& jg) {
+        const cost_model model;
+        (void)recompute_pointwise(jg, [&](const node& n) { return model.estimate_us(n); }, o);
+      });
     auto grads = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple{symbolic<G>(st, g[I])...};
     }(std::make_index_sequence<N>{});
@@ -501,33 +521,35 @@ class value_and_grad_fn {
  private:
   F f_;
   std::array<int, N> wrt_;
+  grad_options opt_;
 };
 
 /// cg::value_and_grad(f, {1, 2}): a callable returning std::tuple{f(xs...), d f / d xs[1],
 /// d f / d xs[2]} (JAX's value_and_grad with argnums). `f` maps tensors to one element (the
 /// loss); gradients are the sum over every use of an input, zeros for an input f does not use.
+/// `opt`: how the joint graph is built (cg::grad_options).
 template <class F, std::size_t N>
-auto value_and_grad(F f, const int (&wrt)[N]) {
+auto value_and_grad(F f, const int (&wrt)[N], grad_options opt = {}) {
   std::array<int, N> w{};
   for (std::size_t i = 0; i < N; ++i) w[i] = wrt[i];
-  return value_and_grad_fn<F, N, true>(std::move(f), w);
+  return value_and_grad_fn<F, N, true>(std::move(f), w, opt);
 }
 /// cg::value_and_grad(f, i): std::tuple{value, gradient of input i} (input 0 by default).
 template <class F>
-auto value_and_grad(F f, int wrt = 0) {
-  return value_and_grad_fn<F, 1, true>(std::move(f), {wrt});
+auto value_and_grad(F f, int wrt = 0, grad_options opt = {}) {
+  return value_and_grad_fn<F, 1, true>(std::move(f), {wrt}, opt);
 }
 /// cg::grad(f, {1, 2}): a callable returning std::tuple of the gradients of inputs 1 and 2.
 template <class F, std::size_t N>
-auto grad(F f, const int (&wrt)[N]) {
+auto grad(F f, const int (&wrt)[N], grad_options opt = {}) {
   std::array<int, N> w{};
   for (std::size_t i = 0; i < N; ++i) w[i] = wrt[i];
-  return value_and_grad_fn<F, N, false>(std::move(f), w);
+  return value_and_grad_fn<F, N, false>(std::move(f), w, opt);
 }
 /// cg::grad(f, i): a callable returning the gradient of input i (input 0 by default).
 template <class F>
-auto grad(F f, int wrt = 0) {
-  return value_and_grad_fn<F, 1, false>(std::move(f), {wrt});
+auto grad(F f, int wrt = 0, grad_options opt = {}) {
+  return value_and_grad_fn<F, 1, false>(std::move(f), {wrt}, opt);
 }
 
 }  // namespace ccgraph

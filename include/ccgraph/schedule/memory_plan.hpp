@@ -493,40 +493,43 @@ inline std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t p
   return peak;
 }
 
-}  // namespace detail
+/// A value that allocates bytes (plan_values): the value, its meta, the buffer it is written
+/// into, and its aliases (itself first, then the views and waits of it, in order).
+struct planned_producer {
+  planned_value value;
+  tensor_meta meta;
+  int buffer = -1;
+  std::vector<value_ref> aliases;
+};
 
-/// Plans the memory of `g` in its current order (run it after the scheduling passes). Values
-/// that need memory get buffers; an all_reduce (or each output of an all_reduce_coalesced)
-/// whose input is an intermediate (not a graph input, not derived from one), read by nothing
-/// else once the all_reduce is issued, read by the all_reduce once, laid out as its whole
-/// buffer and not a graph output, reduces in place into that buffer. Graph inputs and values
-/// still read elsewhere are never written. Buffers are packed into one arena, trying several
-/// orders (largest first, earliest first, longest-lived first, largest area, TFLite's greedy by
-/// breadth; best and first fit, then seeded random orders while above live_peak_bytes) and
-/// keeping the smallest arena. When so many buffers are live at once that this would cost more
-/// than O(m log m) for m buffers, the plan is the better of two sweeps over time (best fit as
-/// buffers start, forward and backward). O((V + E) log V) in all.
-inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = {}) {
-  CCGRAPH_CHECK(opt.alignment >= 8 && (opt.alignment & (opt.alignment - 1)) == 0,
-                "plan_memory: alignment must be a power of two of at least 8, got ", opt.alignment);
+/// What plan_memory decides before packing: the buffers with their lifetimes (offsets unset,
+/// arena_bytes 0; live_peak_bytes, unplanned_peak_bytes and total_bytes set), each value's
+/// producer, and the buffers as items to pack. The live peak is what the passes that trade
+/// memory (schedule/recompute.hpp) measure. O(V + E) given `live` (made for `g`).
+struct value_plan {
+  memory_plan plan;
+  std::vector<planned_producer> producers;
+  /// Per node position and output: the producer whose bytes it is (or views), -1 external.
+  std::vector<std::vector<int>> producer_of;
+  /// Per buffer: its bytes and live interval.
+  std::vector<pack_item> items;
+};
+
+/// The buffers, lifetimes and steals of plan_memory for `g` in its current order (see value_plan).
+inline value_plan plan_values(const graph& g, const liveness_info& live, const memory_plan_options& opt) {
   const auto& nodes = g.nodes();
   const std::size_t n = nodes.size();
-  detail::liveness_info live(g);
-  memory_plan plan;
+  value_plan vp;
+  memory_plan& plan = vp.plan;
   plan.alignment = opt.alignment;
   plan.num_nodes = n;
   plan.buffer_of.resize(n);
 
   // Per value: its producer (the value that allocated its bytes, -1 external) and its layout
   // in the producer's buffer. Per producer: its aliases; per buffer: its producers.
-  struct producer {
-    planned_value value;
-    tensor_meta meta;
-    int buffer = -1;
-    std::vector<value_ref> aliases;
-  };
-  std::vector<producer> producers;
-  std::vector<std::vector<int>> producer_of(n);
+  std::vector<planned_producer>& producers = vp.producers;
+  std::vector<std::vector<int>>& producer_of = vp.producer_of;
+  producer_of.resize(n);
   std::vector<std::vector<detail::layout>> layout_of(n);
   std::vector<std::vector<int>> buffer_producers;
 
@@ -555,7 +558,7 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
   };
   std::vector<latest_readers> buffer_readers;
   auto add_alias = [&](int id, value_ref v) {
-    producer& pr = producers[static_cast<std::size_t>(id)];
+    planned_producer& pr = producers[static_cast<std::size_t>(id)];
     pr.aliases.push_back(v);
     if (buffer_readers.size() <= static_cast<std::size_t>(pr.buffer)) buffer_readers.resize(static_cast<std::size_t>(pr.buffer) + 1);
     for (const node* r : live.readers(v)) buffer_readers[static_cast<std::size_t>(pr.buffer)].add(live.read_end(r), r);
@@ -654,10 +657,34 @@ inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = 
     plan.buffer_of[pr.value.position][static_cast<std::size_t>(pr.value.index)] = pr.buffer;
   }
 
-  std::vector<detail::pack_item> items;
+  std::vector<detail::pack_item>& items = vp.items;
   for (auto& b : plan.buffers) items.push_back({b.bytes, b.first, b.last});
   plan.unplanned_peak_bytes = detail::peak_load(naive, n);
   plan.live_peak_bytes = detail::peak_load(items, n);
+  return vp;
+}
+
+}  // namespace detail
+
+/// Plans the memory of `g` in its current order (run it after the scheduling passes). Values
+/// that need memory get buffers; an all_reduce (or each output of an all_reduce_coalesced)
+/// whose input is an intermediate (not a graph input, not derived from one), read by nothing
+/// else once the all_reduce is issued, read by the all_reduce once, laid out as its whole
+/// buffer and not a graph output, reduces in place into that buffer. Graph inputs and values
+/// still read elsewhere are never written. Buffers are packed into one arena, trying several
+/// orders (largest first, earliest first, longest-lived first, largest area, TFLite's greedy by
+/// breadth; best and first fit, then seeded random orders while above live_peak_bytes) and
+/// keeping the smallest arena. When so many buffers are live at once that this would cost more
+/// than O(m log m) for m buffers, the plan is the better of two sweeps over time (best fit as
+/// buffers start, forward and backward). O((V + E) log V) in all.
+inline memory_plan plan_memory(const graph& g, const memory_plan_options& opt = {}) {
+  CCGRAPH_CHECK(opt.alignment >= 8 && (opt.alignment & (opt.alignment - 1)) == 0,
+                "plan_memory: alignment must be a power of two of at least 8, got ", opt.alignment);
+  const std::size_t n = g.size();
+  const detail::liveness_info live(g);
+  detail::value_plan vp = detail::plan_values(g, live, opt);
+  memory_plan plan = std::move(vp.plan);
+  const std::vector<detail::pack_item>& items = vp.items;
 
   // Pack with several orders; keep the smallest arena (the first on ties: deterministic).
   // Packing is NP-hard (dynamic storage allocation) and live_peak_bytes is only a lower bound,

@@ -20,6 +20,7 @@
 #include <ccgraph/schedule/bucketing.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
 #include <ccgraph/schedule/decompose.hpp>
+#include <ccgraph/schedule/recompute.hpp>
 #include <ccgraph/schedule/reorder.hpp>
 #include <ccgraph/schedule/timeline.hpp>
 
@@ -37,6 +38,8 @@ struct schedule_options {
   std::int64_t bucket_cap_bytes = 25 << 20;
   /// Row chunks `decompose_matmul_collectives` splits a matmul + collective into.
   int decompose_chunks = 4;
+  /// The time budget and memory measure of `recompute_pointwise`.
+  recompute_options recompute{};
   /// How `bucket_collectives` and `decompose_matmul_collectives` keep each group's collectives
   /// the same on all its members: by default they agree through the rank context, when there
   /// is one (docs/scheduling.md, "Every member of a group issues the same collectives").
@@ -55,10 +58,11 @@ struct schedule_options {
 
 /// The passes cg::schedule knows, in the order they are usually run. Bucketing goes before
 /// decomposition: afterwards it would merge the chunks' collectives back into one.
+/// recompute_pointwise measures memory on the order it is given, so it goes after reordering.
 inline const std::vector<std::string_view>& schedule_pass_names() {
   static const std::vector<std::string_view> names = {
       "bucket_collectives", "decompose_matmul_collectives", "sink_waits", "raise_comms",
-      "reorder_compute_for_overlap", "overlap"};
+      "reorder_compute_for_overlap", "overlap", "recompute_pointwise"};
   return names;
 }
 
@@ -71,6 +75,7 @@ inline void apply_pass(graph& g, std::string_view pass, const schedule_options& 
   if (pass == "raise_comms") return raise_comms(g);
   if (pass == "reorder_compute_for_overlap") return reorder_compute_for_overlap(g, opt.estimator());
   if (pass == "overlap") return overlap(g, opt.estimator(), opt.overlap);
+  if (pass == "recompute_pointwise") return (void)recompute_pointwise(g, opt.estimator(), opt.recompute);
   rank_context* ctx = opt.agreement == collective_agreement::spmd ? nullptr
                      : opt.context                                ? opt.context
                                                                   : detail::current_rank_ptr();

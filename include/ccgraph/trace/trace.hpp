@@ -113,7 +113,9 @@ class typed_graph : public graph {
 /// Records `fn` called with one symbolic value per input (cg::input<T>(shape), or an example
 /// tensor, whose pending state is kept) and returns the typed graph. Collectives resolve their
 /// groups for the rank and world of `opt` (by default the calling thread's rank context, else
-/// rank 0 of a world known only through explicit rank lists); no backend is involved.
+/// rank 0 of a world known only through explicit rank lists); no backend is involved. What the
+/// recording asked for on the whole graph runs on it last (a gradient taken inside: the
+/// recompute_pointwise pass, see cg::grad_options).
 template <class F, class... Inputs>
 auto trace(trace_options opt, F&& fn, const Inputs&... inputs) {
   auto specs = std::make_tuple(detail::spec_of(inputs)...);
@@ -155,6 +157,7 @@ auto trace(trace_options opt, F&& fn, const Inputs&... inputs) {
   detail::output_collector out;
   out.add(result);
   st.g.set_output(out.refs);
+  for (const auto& f : st.finish) f.second(st.g);
   return std::apply(
       [&](const auto&... s) {
         return typed_graph<R, typename std::remove_cvref_t<decltype(s)>::value_type...>(std::move(st.g));

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
@@ -48,6 +49,18 @@ struct trace_state {
   std::vector<std::vector<const node*>> checkpoints;
   /// Gradient hooks, in registration order (applied in that order to one value).
   std::vector<grad_hook> grad_hooks;
+
+  /// Steps run on the finished graph (its output set) before cg::trace returns it, in the order
+  /// first asked, each name once: what taking a gradient asks of the whole joint graph
+  /// (autograd/grad.hpp: recompute_pointwise).
+  std::vector<std::pair<std::string, std::function<void(graph&)>>> finish;
+
+  /// Asks for `step` on the finished graph, unless a step of this name is asked for already.
+  void finish_with(std::string name, std::function<void(graph&)> step) {
+    for (const auto& f : finish)
+      if (f.first == name) return;
+    finish.emplace_back(std::move(name), std::move(step));
+  }
 
   /// The canonical group of `g` for the traced rank ("the fake communicator").
   group_info resolve(const group& grp, const char* what) const {
