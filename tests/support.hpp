@@ -71,6 +71,19 @@ double to_d(T v) {
   return static_cast<double>(static_cast<ccgraph::compute_t<T>>(v));
 }
 
+/// The bytes of every tensor's values, each preceded by its shape: a bitwise comparison of
+/// results (NaN included).
+template <class Tensor>
+std::string bits_of(const std::vector<Tensor>& ts) {
+  std::string s;
+  for (const auto& t : ts) {
+    for (auto d : t.shape()) s += std::to_string(d) + ",";
+    const auto v = t.to_vector();
+    s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(typename Tensor::value_type));
+  }
+  return s;
+}
+
 /// Every dtype a tensor can hold (the collectives' and p2p tests' loops).
 inline constexpr ccgraph::dtype every_dtype[] = {ccgraph::dtype::f32, ccgraph::dtype::f64, ccgraph::dtype::i32,
                                                  ccgraph::dtype::i64, ccgraph::dtype::u8,  ccgraph::dtype::boolean,

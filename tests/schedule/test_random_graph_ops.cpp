@@ -211,17 +211,6 @@ struct interpreter {
   }
 };
 
-/// The bytes of every tensor's values, each preceded by its shape (bitwise comparison, NaN
-/// included).
-std::string bits_of(const std::vector<cg::tensor<float>>& ts) {
-  std::string s;
-  for (const auto& t : ts) {
-    for (auto d : t.shape()) s += std::to_string(d) + ",";
-    const auto v = t.to_vector();
-    s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  }
-  return s;
-}
 
 /// Every pass alone, and all of them in cg::schedule's order.
 std::vector<std::vector<std::string>> pass_lists() {

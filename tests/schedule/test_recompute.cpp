@@ -55,15 +55,7 @@ auto trace_step(const S& step) {
                    cg::input<float>({H, F}), cg::input<float>({F, H}));
 }
 
-std::string bits_of(const std::vector<cg::tensor<float>>& ts) {
-  std::string s;
-  for (const auto& t : ts) {
-    for (auto d : t.shape()) s += std::to_string(d) + ",";
-    const auto v = t.to_vector();
-    s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  }
-  return s;
-}
+using ccgraph_test::bits_of;
 
 std::int64_t live_peak(const cg::graph& g) { return cg::plan_memory(g).live_peak_bytes; }
 
@@ -149,7 +141,7 @@ TEST_CASE("schedule.recompute.mlp_step_keeps_one_activation_less_same_bits") {
     auto cf = cg::compile_function<float, float, float, float, float>(mlp_step{}, ctx, {.passes = every});
     for (int call = 0; call < 2; ++call) CHECK(bits_of(cf(x, w1, w2, w3, w4)) == want);
     auto [l, g1, g2, g3, g4] = cg::value_and_grad(mlp_loss{}, {1, 2, 3, 4})(x, w1, w2, w3, w4);
-    CHECK(bits_of({l, g1, g2, g3, g4}) == want);
+    CHECK(bits_of(std::vector<cg::tensor<float>>{l, g1, g2, g3, g4}) == want);
   });
 }
 
