@@ -27,7 +27,9 @@
 namespace cg = ccgraph;
 using namespace ccgraph_test;
 
-namespace {
+// One named namespace for the whole file: in a unity batch beside test_sharding.cpp, whose
+// anonymous namespace has helpers of the same names.
+namespace parallel_styles_test {
 
 using cg::shape_t;
 using i64 = std::int64_t;
@@ -69,7 +71,7 @@ struct mlp_loss {
 
 constexpr i64 tokens = 8, hidden = 8, ffn = 16;
 
-}  // namespace
+
 
 // ============================ gradients of dtensor programs ============================
 
@@ -193,7 +195,7 @@ TEST_CASE("dtensor.grad.to_local_grad_placements.world2") {
 
 // ================================ parallel styles ================================
 
-namespace {
+
 
 /// The Megatron MLP's parameters: w1 (ffn, hidden), w2 (hidden, ffn).
 template <class V>
@@ -229,7 +231,7 @@ void check_close(const cg::tensor<float>& a, const cg::tensor<float>& b, double 
     CHECK(std::abs(double(x[i]) - double(y[i])) <= tol * (1 + std::abs(double(y[i]))));
 }
 
-}  // namespace
+
 
 TEST_CASE("parallel.megatron_mlp.forward_backward.world2_world4") {
   for (int n : {2, 4}) {
@@ -418,3 +420,5 @@ TEST_CASE("parallel.errors.world2") {
     CHECK(contains(e, "the plan has no entry 'nothing'"));
   });
 }
+
+}  // namespace parallel_styles_test
