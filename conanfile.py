@@ -88,7 +88,7 @@ class CcgraphConan(ConanFile):
 
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
-        for pattern in ("*.hpp", "*.cuh"):
+        for pattern in ("*.hpp", "*.ipp", "*.cuh"):
             copy(self, pattern, os.path.join(self.source_folder, "include"),
                  os.path.join(self.package_folder, "include"))
         cmake_dir = os.path.join(self.package_folder, self._cmake_module_dir)

@@ -2,7 +2,9 @@
 # Compile time of ccgraph's entry headers and of a small program, in CPU seconds (user + sys) and
 # peak memory, one compile after the other on this machine: an empty file including
 # <ccgraph/ccgraph.hpp> (-fsyntax-only and -c -O0), the same with the schedule passes and
-# compile_function, and the README's first program (built and linked at -O0 and at -O2).
+# compile_function, and the README's first program (built and linked at -O0 and at -O2); then the
+# same under separate compilation (CCGRAPH_SEPARATE_COMPILATION: the umbrella, the README
+# program's own unit, and the unit of <ccgraph/impl/src.hpp> that a program compiles once).
 # Prints a table; with --check, exits 1 when a number exceeds its loose bound (a regression
 # check for CI, not the targets: the targets are in bench/RESULTS.md).
 #
@@ -47,4 +49,11 @@ measure "umbrella, -c -O0" 16 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella.cpp" -o
 measure "umbrella + schedule + compile_function, -c" 17 "$CXX" "${flags[@]}" -c -O0 "$tmp/umbrella_schedule.cpp" -o "$tmp/us.o"
 measure "README program, -O0, linked" 34 "$CXX" "${flags[@]}" -O0 "$tmp/readme.cpp" -o "$tmp/readme0"
 measure "README program, -O2, linked" 58 "$CXX" "${flags[@]}" -O2 "$tmp/readme.cpp" -o "$tmp/readme2"
+printf '#include <ccgraph/impl/src.hpp>\n' >"$tmp/src.cpp"
+sep=("${flags[@]}" -DCCGRAPH_SEPARATE_COMPILATION)
+measure "separate: umbrella, -fsyntax-only" 9 "$CXX" "${sep[@]}" -fsyntax-only "$tmp/umbrella.cpp"
+measure "separate: README program's unit, -c -O0" 20 "$CXX" "${sep[@]}" -c -O0 "$tmp/readme.cpp" -o "$tmp/rs.o"
+measure "separate: impl/src.hpp (once), -c -O2" 90 "$CXX" "${sep[@]}" -c -O2 "$tmp/src.cpp" -o "$tmp/src.o"
+measure "separate: README program linked, -O0" 5 "$CXX" "$tmp/rs.o" "$tmp/src.o" -pthread -o "$tmp/readme_sep"
+"$tmp/readme_sep" >/dev/null || { echo "compile_time.sh: the separately compiled README program failed" >&2; exit 2; }
 exit "$failed"

@@ -68,7 +68,8 @@ install_prefix() {
   # Relocatable: everything below must work from where the prefix is moved to.
   mv "$work/stage" "$prefix" || return 1
   local f
-  for f in include/ccgraph/ccgraph.hpp include/ccgraph/cuda.hpp \
+  for f in include/ccgraph/ccgraph.hpp include/ccgraph/cuda.hpp include/ccgraph/impl/src.hpp \
+           include/ccgraph/ir/impl/graph.ipp \
            share/cmake/ccgraph/ccgraphConfig.cmake share/cmake/ccgraph/ccgraphConfigVersion.cmake \
            share/cmake/ccgraph/ccgraphTargets.cmake share/cmake/ccgraph/FindNCCL.cmake \
            share/pkgconfig/ccgraph.pc; do
@@ -136,6 +137,27 @@ readme_program() {
   "$work/readme/program" || return 1
 }
 
+# The same README program under separate compilation (core/config.hpp), from the installed
+# headers: its unit and one that includes <ccgraph/impl/src.hpp>, both with the macro, linked.
+readme_program_separate() {
+  mkdir -p "$work/readme_separate" || return 1
+  [[ -f $work/readme/program.cpp ]] || { echo "readme-program did not write program.cpp"; return 1; }
+  printf '#include <ccgraph/impl/src.hpp>\n' >"$work/readme_separate/ccgraph.cpp" || return 1
+  local pc=(env PKG_CONFIG_PATH="$prefix/share/pkgconfig")
+  local cxx=(${CXX:-g++})
+  command -v ccache >/dev/null 2>&1 && cxx=(ccache "${cxx[@]}")
+  local f
+  for f in "$work/readme/program.cpp" "$work/readme_separate/ccgraph.cpp"; do
+    # shellcheck disable=SC2046  # pkg-config output is a list of flags
+    "${cxx[@]}" -std=c++20 -DCCGRAPH_SEPARATE_COMPILATION $("${pc[@]}" pkg-config --cflags ccgraph) -c "$f" \
+      -o "$work/readme_separate/$(basename "$f" .cpp).o" || return 1
+  done
+  # shellcheck disable=SC2046
+  "${cxx[@]}" "$work/readme_separate/program.o" "$work/readme_separate/ccgraph.o" \
+    -o "$work/readme_separate/program" $("${pc[@]}" pkg-config --libs ccgraph) || return 1
+  "$work/readme_separate/program" || return 1
+}
+
 # Configure-only checks: generating fails when ccgraph::ccgraph is missing or broken.
 build_tree_export() {
   cmake -S "$src/find_package" -B "$work/build_tree" "${gen[@]}" \
@@ -163,6 +185,7 @@ if [[ -z ${failures[*]:-} ]]; then
   check find_package find_package_consumer
   check pkg-config pkg_config_consumer
   check readme-program readme_program
+  check readme-program-separate readme_program_separate
   check build-tree-export build_tree_export
   check version-refused version_refused
 fi

@@ -2,7 +2,8 @@
 # only downward. A folder may include itself and the folders before it in LAYERS; the few
 # exceptions below say why. A header that only forwards an old path to a moved one is skipped.
 #   cmake -DINCLUDE_DIR=<repo>/include -P tests/structure/layers.cmake
-set(LAYERS core tensor expr group ops comm ir trace schedule runtime autograd dist cuda nccl interop)
+# impl/ is <ccgraph/impl/src.hpp>, the separately compiled part: it includes everything.
+set(LAYERS core tensor expr group ops comm ir trace schedule runtime autograd dist cuda nccl interop impl)
 set(ALLOWED
   # The tensor declares the expression types it converts from; expr/ builds on tensor/.
   "tensor/tensor.hpp>expr/fwd.hpp"
@@ -14,7 +15,7 @@ if(NOT INCLUDE_DIR)
   message(FATAL_ERROR "layers.cmake: pass -DINCLUDE_DIR=<repo>/include")
 endif()
 file(GLOB_RECURSE _headers RELATIVE "${INCLUDE_DIR}/ccgraph" "${INCLUDE_DIR}/ccgraph/*/*.hpp"
-     "${INCLUDE_DIR}/ccgraph/*/*.cuh")
+     "${INCLUDE_DIR}/ccgraph/*/*.cuh" "${INCLUDE_DIR}/ccgraph/*/*.ipp")
 set(_bad "")
 foreach(_h IN LISTS _headers)
   string(REGEX MATCH "^[a-z_]+" _from "${_h}")
@@ -27,9 +28,9 @@ foreach(_h IN LISTS _headers)
   if(_text MATCHES "This header forwards there")
     continue()
   endif()
-  string(REGEX MATCHALL "#include <ccgraph/[a-z_]+/[a-z_.]+>" _incs "${_text}")
+  string(REGEX MATCHALL "#include <ccgraph/[a-z_]+/[a-z_./]+>" _incs "${_text}")
   foreach(_inc IN LISTS _incs)
-    string(REGEX REPLACE "#include <ccgraph/([a-z_]+/[a-z_.]+)>" "\\1" _target "${_inc}")
+    string(REGEX REPLACE "#include <ccgraph/([a-z_]+/[a-z_./]+)>" "\\1" _target "${_inc}")
     string(REGEX MATCH "^[a-z_]+" _to "${_target}")
     list(FIND LAYERS "${_to}" _to_rank)
     if(_to_rank GREATER _from_rank)

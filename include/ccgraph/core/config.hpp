@@ -15,3 +15,22 @@
 #define CCGRAPH_VERSION_MAJOR 0
 #define CCGRAPH_VERSION_MINOR 1
 #define CCGRAPH_VERSION_PATCH 0
+
+/// Header-only (the default) or separately compiled, as Boost.Asio does it. Define
+/// CCGRAPH_SEPARATE_COMPILATION in every translation unit of a program, and include
+/// <ccgraph/impl/src.hpp> in exactly one of them: the non-template functions of the IR, the
+/// printer, the analyses, the scheduler and the executor are then compiled once there, and every
+/// other unit only declares them.
+#if defined(CCGRAPH_SEPARATE_COMPILATION)
+#define CCGRAPH_HEADER_ONLY 0
+#else
+#define CCGRAPH_HEADER_ONLY 1
+#endif
+
+/// Declares a non-template function whose definition lives in an impl/*.ipp file: `inline` when
+/// header-only, an ordinary external function when separately compiled.
+#if CCGRAPH_HEADER_ONLY
+#define CCGRAPH_DECL inline
+#else
+#define CCGRAPH_DECL
+#endif

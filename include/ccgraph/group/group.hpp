@@ -1,6 +1,7 @@
 // ccgraph/group/group.hpp: the group forms collectives accept, and their one canonical form.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -50,9 +51,7 @@ struct group_info {
   friend bool operator==(const group_info& a, const group_info& b) { return a.ranks == b.ranks && a.tag == b.tag; }
 };
 
-inline std::ostream& operator<<(std::ostream& os, const group_info& g) {
-  return os << g.label();
-}
+CCGRAPH_DECL std::ostream& operator<<(std::ostream& os, const group_info& g);
 
 /// Checks that `rank` of a world of `world_size` ranks can issue a collective over `g`: the
 /// members are canonical (sorted, distinct) ranks of the world, `rank` is one of them, and a
@@ -60,40 +59,7 @@ inline std::ostream& operator<<(std::ostream& os, const group_info& g) {
 /// parts. A group resolved on this world always passes; a group recorded elsewhere (a graph
 /// traced for another world or rank) may not, and a backend must never see it. `what` names
 /// the collective: "all_reduce: group [0, 1, 2, 3] does not fit a world of 2 ranks (rank 1)".
-inline void check_group_fits(std::string_view what, const group_info& g, int rank, int world_size) {
-  CCGRAPH_CHECK(!g.ranks.empty(), what, ": empty group (rank ", rank, ", world of ", world_size, " ranks)");
-  for (std::size_t i = 0; i < g.ranks.size(); ++i)
-    CCGRAPH_CHECK(g.ranks[i] >= 0 && g.ranks[i] < world_size, what, ": group ", list_str(g.ranks),
-                  " does not fit a world of ", world_size, " ranks (rank ", rank, ")");
-  CCGRAPH_CHECK(std::adjacent_find(g.ranks.begin(), g.ranks.end(), std::greater_equal<>{}) == g.ranks.end(),
-                what, ": group ", list_str(g.ranks), " is not a sorted list of distinct ranks (rank ",
-                rank, ", world of ", world_size, " ranks)");
-  CCGRAPH_CHECK(std::binary_search(g.ranks.begin(), g.ranks.end(), rank), what, ": rank ", rank,
-                " is not a member of group ", list_str(g.ranks), " (world of ", world_size, " ranks)");
-  if (g.partition.empty()) return;
-  // Every rank of the world in exactly one part, and this group one of the parts.
-  std::vector<char> seen(static_cast<std::size_t>(world_size), 0);
-  std::size_t covered = 0;
-  bool mine = false;
-  auto parts = [&] {
-    std::string p = "[";
-    for (std::size_t i = 0; i < g.partition.size(); ++i) p += (i ? ", " : "") + list_str(g.partition[i]);
-    return p + "]";
-  };
-  for (const auto& part : g.partition) {
-    for (int r : part) {
-      CCGRAPH_CHECK(r >= 0 && r < world_size && !seen[static_cast<std::size_t>(r)], what,
-                    ": the partition ", parts(), " of group ", list_str(g.ranks),
-                    " does not split a world of ", world_size, " ranks (rank ", rank, ")");
-      seen[static_cast<std::size_t>(r)] = 1;
-      ++covered;
-    }
-    mine = mine || part == g.ranks;
-  }
-  CCGRAPH_CHECK(covered == static_cast<std::size_t>(world_size) && mine, what, ": the partition ",
-                parts(), " of group ", list_str(g.ranks), " does not split a world of ", world_size,
-                " ranks (rank ", rank, ")");
-}
+CCGRAPH_DECL void check_group_fits(std::string_view what, const group_info& g, int rank, int world_size);
 
 /// Names registered with a world: "0" is the world group. Shared by every rank of the world,
 /// so registering is thread-safe and a name can only ever mean one rank list.
@@ -268,3 +234,7 @@ class group {
 };
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/group/impl/group.ipp>
+#endif

@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include <ccgraph/core/config.hpp>
 #include <ccgraph/core/visit.hpp>
 #include <ccgraph/ops/attention.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
@@ -81,75 +82,38 @@ template <class O>
 inline constexpr bool is_view_op_v = op_traits<O>::category == op_category::view;
 
 /// The op's name: "all_reduce", "matmul", "pointwise", ...
-inline std::string_view name_of(const node_op& op) {
-  return visit_op(op, [](const auto& o) { return std::decay_t<decltype(o)>::name; });
-}
+CCGRAPH_DECL std::string_view name_of(const node_op& op);
 
 /// The op's category.
-inline op_category category_of(const node_op& op) {
-  return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::category; });
-}
+CCGRAPH_DECL op_category category_of(const node_op& op);
 
 /// Where the op's outputs live.
-inline alias_kind aliasing_of(const node_op& op) {
-  return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::aliasing; });
-}
+CCGRAPH_DECL alias_kind aliasing_of(const node_op& op);
 
 /// True when the op may write output k into input k's buffer when that input dies there.
-inline bool in_place_input_of(const node_op& op) {
-  return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::in_place_input; });
-}
+CCGRAPH_DECL bool in_place_input_of(const node_op& op);
 
 /// True when each run of `op` draws new random numbers (op_traits<O>::draws_random; false for
 /// an op without it).
-inline bool draws_random(const node_op& op) {
-  return visit_op(op, [](const auto& o) {
-    using O = std::decay_t<decltype(o)>;
-    if constexpr (detail::op_has_draws_random<O>)
-      return bool(op_traits<O>::draws_random(o));
-    else
-      return false;
-  });
-}
+CCGRAPH_DECL bool draws_random(const node_op& op);
 
 /// What the cost model prices for `op` on inputs `in` giving `out` (group_size for collectives).
-inline op_cost cost_of(const node_op& op, const std::vector<tensor_meta>& in, const std::vector<tensor_meta>& out,
-                       int group_size = 1) {
-  return visit_op(op, [&](const auto& o) {
-    using O = std::decay_t<decltype(o)>;
-    detail::require_cost<O>();
-    return op_traits<O>::cost(o, cost_args{in, out, group_size});
-  });
-}
+CCGRAPH_DECL op_cost cost_of(const node_op& op, const std::vector<tensor_meta>& in, const std::vector<tensor_meta>& out,
+                             int group_size = 1);
 
 /// The collective in `op`, if it is one.
-inline std::optional<ops::collective_op> as_collective(const node_op& op) {
-  return visit_op(op, [](const auto& o) -> std::optional<ops::collective_op> {
-    if constexpr (is_collective_op_v<std::decay_t<decltype(o)>>) return ops::collective_op(o);
-    else return std::nullopt;
-  });
-}
+CCGRAPH_DECL std::optional<ops::collective_op> as_collective(const node_op& op);
 
 /// A collective as a node op.
-inline node_op to_node_op(const ops::collective_op& c) {
-  return ::ccgraph::detail::visit([](const auto& o) { return node_op(o); }, c);
-}
+CCGRAPH_DECL node_op to_node_op(const ops::collective_op& c);
 
 /// Output metas of `op` on inputs `in` (`group` for collectives), validating with the same
 /// messages as the eager calls: op_traits<O>::infer.
-inline std::vector<tensor_meta> infer(const node_op& op, const std::vector<tensor_meta>& in,
-                                      const std::optional<group_info>& group) {
-  const infer_ctx ctx{group ? &*group : nullptr};
-  auto out = visit_op(op, [&](const auto& o) {
-    using O = std::decay_t<decltype(o)>;
-    detail::require_infer<O>();
-    detail::check_complex_inputs<O>(in);
-    return op_traits<O>::infer(o, in, ctx);
-  });
-  // Every value a graph holds has a countable shape (a broadcast or matmul can outgrow its
-  // inputs), so sizes and plans computed from it never overflow.
-  for (const auto& m : out) (void)checked_numel(m.shape, name_of(op));
-  return out;
-}
+CCGRAPH_DECL std::vector<tensor_meta> infer(const node_op& op, const std::vector<tensor_meta>& in,
+                                            const std::optional<group_info>& group);
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ir/impl/node_op.ipp>
+#endif

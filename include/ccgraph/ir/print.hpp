@@ -15,6 +15,7 @@
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/second.hpp>
 
+#include <ccgraph/core/config.hpp>
 #include <ccgraph/core/visit.hpp>
 #include <ccgraph/ir/graph.hpp>
 
@@ -50,137 +51,34 @@ void print_attr_value(std::ostream& os, const std::optional<T>& v) {
 }
 
 /// "%name" or "%name.i" for output i of a multi-output node.
-inline std::string ref_str(const value_ref& r) {
-  std::string s = "%" + r.src->name();
-  if (r.src->num_outputs() > 1) s += "." + std::to_string(r.index);
-  return s;
-}
+CCGRAPH_DECL std::string ref_str(const value_ref& r);
 
 /// The meta part of a listing line: "f32[4, 4]" or "(f32[4], f32[8])".
-inline std::string metas_str(const node& n) {
-  if (n.num_outputs() == 1) return n.meta().str();
-  std::string s = "(";
-  for (int i = 0; i < n.num_outputs(); ++i) s += (i ? ", " : "") + n.meta(i).str();
-  return s + ")";
-}
+CCGRAPH_DECL std::string metas_str(const node& n);
 
 /// The call part of a listing line: "all_reduce(%z, op=sum, group=0)".
-inline std::string call_str(const node& n) {
-  std::ostringstream os;
-  bool first = true;
-  auto sep = [&] {
-    if (!first) os << ", ";
-    first = false;
-  };
-  ::ccgraph::detail::visit(
-      [&](const auto& o) {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (op_traits<O>::category == op_category::pointwise) {  // printed as its fused chain
-          os << o.fused << '(';
-          for (auto& a : n.args()) sep(), os << ref_str(a);
-          sep();
-          os << "expr=" << o.expr;
-        } else if constexpr (std::is_same_v<O, ops::user>) {  // printed under its registered name
-          os << o.op << '(';
-          for (auto& a : n.args()) sep(), os << ref_str(a);
-          if (!o.attrs.empty()) sep(), os << "attrs=", print_attr_value(os, o.attrs);
-        } else {
-          os << O::name << '(';
-          for (auto& a : n.args()) sep(), os << ref_str(a);
-          boost::hana::for_each(boost::hana::accessors<O>(), [&](auto acc) {
-            const std::string_view key = boost::hana::to<char const*>(boost::hana::first(acc));
-            const auto& value = boost::hana::second(acc)(o);
-            if constexpr (op_traits<O>::category == op_category::input) {
-              if (key == "index" || (key == "pending" && !value)) return;
-            }
-            sep();
-            os << key << '=';
-            print_attr_value(os, value);
-          });
-        }
-      },
-      n.kind());
-  if (n.group()) sep(), os << "group=" << n.group()->label();
-  os << ')';
-  return os.str();
-}
+CCGRAPH_DECL std::string call_str(const node& n);
 
 }  // namespace detail
 
 /// One SSA line: `%ar : f32[8, 4] = all_reduce(%z, op=sum, group=0)`.
-inline std::string to_string(const node& n) {
-  if (n.category() == op_category::output) {
-    std::string s = "return ";
-    if (n.args().size() == 1) return s + detail::ref_str(n.args()[0]);
-    s += '(';
-    for (std::size_t i = 0; i < n.args().size(); ++i) s += (i ? ", " : "") + detail::ref_str(n.args()[i]);
-    return s + ')';
-  }
-  return "%" + n.name() + " : " + detail::metas_str(n) + " = " + detail::call_str(n);
-}
+CCGRAPH_DECL std::string to_string(const node& n);
 
 /// The FX-like listing of a graph, one node per line.
-inline std::ostream& operator<<(std::ostream& os, const graph& g) {
-  os << "graph():\n";
-  for (const node* n : g.nodes()) os << "    " << to_string(*n) << '\n';
-  return os;
-}
+CCGRAPH_DECL std::ostream& operator<<(std::ostream& os, const graph& g);
 
 /// The listing as a string.
-inline std::string to_string(const graph& g) {
-  std::ostringstream os;
-  os << g;
-  return os.str();
-}
+CCGRAPH_DECL std::string to_string(const graph& g);
 
 /// A table view: position, name, op, output meta, arguments and users of every node. A value
 /// longer than its column pushes the rest of its row right, always by at least one space.
-inline std::string to_table(const graph& g) {
-  std::ostringstream os;
-  auto cell = [&](const std::string& s, std::size_t width) {
-    os << s << std::string(s.size() < width ? width - s.size() : 1, ' ');
-  };
-  cell("#", 5), cell("name", 18), cell("op", 34), cell("meta", 24), cell("args", 30);
-  os << "users" << '\n';
-  std::size_t i = 0;
-  for (const node* n : g.nodes()) {
-    std::string args, users;
-    for (auto& a : n->args()) args += (args.empty() ? "" : " ") + detail::ref_str(a);
-    for (auto* u : n->users()) users += (users.empty() ? "" : " ") + ("%" + u->name());
-    std::string op(n->op());
-    if (auto* p = std::get_if<ops::pointwise>(&n->kind())) op = p->fused;
-    cell(std::to_string(i++), 5), cell("%" + n->name(), 18), cell(op, 34);
-    cell(n->num_outputs() ? detail::metas_str(*n) : std::string("-"), 24);
-    cell(args.empty() ? "-" : args, 30);
-    os << (users.empty() ? "-" : users) << '\n';
-  }
-  return os.str();
-}
+CCGRAPH_DECL std::string to_table(const graph& g);
 
 /// Graphviz DOT: one box per node (collectives and waits coloured), one edge per argument.
-inline std::string to_dot(const graph& g) {
-  std::ostringstream os;
-  os << "digraph ccgraph {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
-  for (const node* n : g.nodes()) {
-    std::string op(n->op());
-    if (auto* p = std::get_if<ops::pointwise>(&n->kind())) op = p->fused;
-    const char* color = n->is_collective() ? "lightsalmon"
-                        : n->is_wait()     ? "khaki"
-                        : n->category() == op_category::input || n->category() == op_category::output
-                            ? "lightgrey"
-                            : "lightblue";
-    os << "  \"" << n->name() << "\" [label=\"%" << n->name() << "\\n" << op;
-    if (n->num_outputs()) os << "\\n" << detail::metas_str(*n);
-    if (n->group()) os << "\\ngroup=" << n->group()->label();
-    os << "\", style=filled, fillcolor=" << color << "];\n";
-  }
-  for (const node* n : g.nodes())
-    for (auto& a : n->args())
-      os << "  \"" << a.src->name() << "\" -> \"" << n->name() << "\""
-         << (a.src->num_outputs() > 1 ? " [label=\"" + std::to_string(a.index) + "\"]" : std::string())
-         << ";\n";
-  os << "}\n";
-  return os.str();
-}
+CCGRAPH_DECL std::string to_dot(const graph& g);
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ir/impl/print.ipp>
+#endif

@@ -4,6 +4,7 @@
 // view methods on storage-less tensors).
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -65,15 +66,7 @@ struct pointwise_kernel {
 
 /// Number of op applications in a pointwise node's expression text ("mul(relu(%0), 2.)" has
 /// 2): every name directly followed by '('.
-inline std::size_t expr_op_count(std::string_view expr) {
-  std::size_t n = 0;
-  for (std::size_t i = 1; i < expr.size(); ++i) {
-    const char c = expr[i - 1];
-    if (expr[i] == '(' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
-      ++n;
-  }
-  return n;
-}
+CCGRAPH_DECL std::size_t expr_op_count(std::string_view expr);
 
 /// A storage-less tensor with `m`'s shape: lets inference reuse the tensor view methods.
 template <class T>
@@ -169,14 +162,8 @@ struct contiguous {
 };
 
 namespace detail {
-inline void expect_inputs(std::string_view what, const std::vector<tensor_meta>& in, std::size_t n) {
-  CCGRAPH_CHECK(in.size() == n, what, ": expects ", n, " input(s), got ", in.size());
-}
-inline void expect_same_dtype(std::string_view what, const std::vector<tensor_meta>& in) {
-  for (auto& m : in)
-    CCGRAPH_CHECK(m.dtype == in.front().dtype, what, ": mixing dtypes: ", in.front().str(),
-                  " and ", m.str());
-}
+CCGRAPH_DECL void expect_inputs(std::string_view what, const std::vector<tensor_meta>& in, std::size_t n);
+CCGRAPH_DECL void expect_same_dtype(std::string_view what, const std::vector<tensor_meta>& in);
 
 /// Applies a tensor view method to a storage-less tensor of meta `m`: its shape, and its errors.
 template <class F>
@@ -188,11 +175,7 @@ tensor_meta view_meta(const tensor_meta& m, F&& f) {
 }
 
 inline double meta_bytes(const tensor_meta& m) { return double(numel_of(m.shape)) * double(element_size(m.dtype)); }
-inline double meta_bytes(const std::vector<tensor_meta>& ms) {
-  double b = 0;
-  for (const auto& m : ms) b += meta_bytes(m);
-  return b;
-}
+CCGRAPH_DECL double meta_bytes(const std::vector<tensor_meta>& ms);
 
 /// The planned buffer for output k, or a new tensor of its meta.
 template <class T>
@@ -768,3 +751,7 @@ V stack(std::initializer_list<V> xs, std::int64_t dim = 0) {
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ops/impl/compute_ops.ipp>
+#endif

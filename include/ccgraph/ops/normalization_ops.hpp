@@ -9,6 +9,7 @@
 // Optional weight and bias are inputs present or not, which the op's has_weight / has_bias say.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -134,10 +135,7 @@ optional_tensor<T> optional_in(std::string_view what, const run_args& a, bool ha
 }
 
 /// The optional parameter metas of a norm: weight at input 1 when present, then bias.
-inline std::optional<tensor_meta> optional_meta(const std::vector<tensor_meta>& in, bool has, std::size_t k) {
-  if (!has) return std::nullopt;
-  return in.at(k);
-}
+CCGRAPH_DECL std::optional<tensor_meta> optional_meta(const std::vector<tensor_meta>& in, bool has, std::size_t k);
 
 /// Checks a norm backward's input dtypes (grad, input and weight one floating dtype; the
 /// statistics norm_stat_dtype of it), then its shapes with the kernels' own check, run on
@@ -474,3 +472,7 @@ auto rms_norm_backward(const G& grad, const X& input, const std::vector<std::int
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ops/impl/normalization_ops.ipp>
+#endif

@@ -10,6 +10,7 @@
 // functions take (a tensor, a traced value, or a pointwise expression over either).
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <concepts>
 #include <cstdint>
 #include <optional>
@@ -99,10 +100,7 @@ decltype(auto) visit_input(std::string_view what, const run_args& a, std::size_t
 
 /// The cost of an op that reads its inputs and writes its outputs once, doing `flops_per_elem`
 /// vector operations per element of input 0 (reductions, softmax, norms, losses: memory-bound).
-inline op_cost rowwise_cost(const cost_args& a, double flops_per_elem) {
-  const double n = a.in.empty() ? 0.0 : double(numel_of(a.in[0].shape));
-  return op_cost::compute(flops_per_elem * n, meta_bytes(a.in) + meta_bytes(a.out), peak_class::vector);
-}
+CCGRAPH_DECL op_cost rowwise_cost(const cost_args& a, double flops_per_elem);
 
 /// The traits every kernel-backed compute op shares: new buffers, the CPU kernel in run and the
 /// CUDA one in its cuda_impl, rule slots still to fill.
@@ -442,10 +440,7 @@ struct op_traits<ops::argmin> : detail::arg_op_traits<ops::argmin, false> {};
 
 namespace ops::detail {
 /// Checks that a backward op's inputs share input 0's dtype, a floating one.
-inline void expect_floating_grads(std::string_view what, const std::vector<tensor_meta>& in) {
-  ::ccgraph::detail::require_floating(in.at(0).dtype, what.data());
-  expect_same_dtype(what, in);
-}
+CCGRAPH_DECL void expect_floating_grads(std::string_view what, const std::vector<tensor_meta>& in);
 }  // namespace ops::detail
 
 template <>
@@ -692,3 +687,7 @@ auto var_backward(const G& grad, const X& input, const std::vector<std::int64_t>
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ops/impl/reduction_ops.ipp>
+#endif

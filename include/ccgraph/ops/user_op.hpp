@@ -5,6 +5,7 @@
 // planner gives buffers and a CUDA Graph captures. docs/concepts.md "User ops" shows the whole path.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -78,10 +79,7 @@ struct user_op_registry {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const user_op_def>, std::less<>> ops;
 };
-inline user_op_registry& user_ops() {
-  static user_op_registry r;
-  return r;
-}
+CCGRAPH_DECL user_op_registry& user_ops();
 
 }  // namespace detail
 
@@ -161,19 +159,10 @@ class user_op {
 
 /// Registers a user op: `name` unique in the process (a second definition under a registered name
 /// is an error, as in torch.library), `infer`, `cpu` and `cost` required. Returns the op to call.
-inline user_op register_op(user_op_def def) {
-  CCGRAPH_CHECK(!def.name.empty(), "register_op: the op needs a name (\"namespace::op\")");
-  CCGRAPH_CHECK(static_cast<bool>(def.infer), "register_op: ", def.name, " has no infer (its shape function)");
-  CCGRAPH_CHECK(static_cast<bool>(def.cpu), "register_op: ", def.name, " has no cpu callable");
-  CCGRAPH_CHECK(static_cast<bool>(def.cost), "register_op: ", def.name,
-                " has no cost: the scheduler overlaps communication by it; give op_cost::compute(flops, bytes, "
-                "peak_class::...)");
-  auto d = std::make_shared<const user_op_def>(std::move(def));
-  auto& reg = detail::user_ops();
-  std::lock_guard lk(reg.mu);
-  const auto [it, inserted] = reg.ops.emplace(d->name, d);
-  CCGRAPH_CHECK(inserted, "register_op: an op named ", d->name, " is already registered");
-  return user_op(d);
-}
+CCGRAPH_DECL user_op register_op(user_op_def def);
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ops/impl/user_op.ipp>
+#endif

@@ -4,6 +4,7 @@
 // bitwise identical.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -124,28 +125,7 @@ void reduce_buffers(T* out, const std::vector<const T*>& ins, std::int64_t count
 /// visible to peers (and after earlier collectives of the rank, which may still write the
 /// input). Peers then read the copy while this member writes its output in place; the copy is
 /// released with the request. A no-op when no output aliases an input (every eager call).
-inline void snapshot_aliased_inputs(collective_request& req) {
-  auto range = [](const buffer& b) {
-    const auto bytes = numel_of(b.meta.shape) * static_cast<std::int64_t>(element_size(b.meta.dtype));
-    const auto* p = b.st ? static_cast<const std::byte*>(b.st->data()) : nullptr;
-    const auto* lo = p ? p + b.offset * static_cast<std::int64_t>(element_size(b.meta.dtype)) : nullptr;
-    return std::pair<const std::byte*, const std::byte*>{lo, lo ? lo + bytes : nullptr};
-  };
-  for (auto& in : req.inputs) {
-    const auto [ilo, ihi] = range(in);
-    if (!ilo || ilo == ihi) continue;
-    bool aliased = false;
-    for (auto& out : req.outputs) {
-      const auto [olo, ohi] = range(out);
-      aliased = aliased || (olo && olo < ihi && ilo < ohi);
-    }
-    if (!aliased) continue;
-    const auto bytes = static_cast<std::size_t>(ihi - ilo);
-    auto copy = storage::host(bytes);
-    std::memcpy(copy->data(), ilo, bytes);
-    in = buffer{std::move(copy), 0, in.meta};
-  }
-}
+CCGRAPH_DECL void snapshot_aliased_inputs(collective_request& req);
 
 /// One member's view of a collective on a CPU backend, once every member's request is in hand:
 /// the moves a collective's op_traits<O>::run_cpu is written in (ops/op_traits.hpp's
@@ -211,19 +191,11 @@ struct cpu_member {
 /// Computes member `me`'s outputs of one collective from all members' requests (`all`, in group
 /// order): op_traits<O>::run_cpu over a cpu_member. Throws for disagreements only visible with
 /// every request in hand (all_to_all split sizes that do not pair up).
-inline void run_cpu_collective(const collective_request& mine,
-                               const std::vector<const collective_request*>& all, int me) {
-  // A receive has no input: its output's dtype is the transfer's.
-  visit_any_dtype((mine.inputs.empty() ? mine.outputs.at(0) : mine.inputs[0]).meta.dtype, [&](auto tag) {
-    const cpu_member<decltype(tag)> m{mine, all, me};
-    ::ccgraph::detail::visit(
-        [&](const auto& o) {
-          using O = std::decay_t<decltype(o)>;
-          require_run_cpu_collective<O>();
-          op_traits<O>::run_cpu(o, m);
-        },
-        mine.op);
-  });
-}
+CCGRAPH_DECL void run_cpu_collective(const collective_request& mine,
+                               const std::vector<const collective_request*>& all, int me);
 
 }  // namespace ccgraph::detail
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/runtime/impl/cpu_collectives.ipp>
+#endif

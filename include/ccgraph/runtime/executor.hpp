@@ -6,6 +6,7 @@
 // buffers.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <cstddef>
 #include <exception>
@@ -41,12 +42,8 @@ struct input_update {
 
 /// {first_input + j, first_output + j} for j < count: parameters and optimizer state passed in
 /// and returned in the same order, the layout of a traced training step.
-inline std::vector<input_update> update_inputs_range(std::size_t first_input, std::size_t first_output,
-                                                     std::size_t count) {
-  std::vector<input_update> out;
-  for (std::size_t j = 0; j < count; ++j) out.push_back({first_input + j, first_output + j});
-  return out;
-}
+CCGRAPH_DECL std::vector<input_update> update_inputs_range(std::size_t first_input, std::size_t first_output,
+                                                     std::size_t count);
 
 /// How a graph is compiled.
 struct compile_options {
@@ -105,20 +102,10 @@ struct captured_graph {
 };
 
 /// A new contiguous tensor with `t`'s meta on `dev`.
-inline any_tensor empty_like(const any_tensor& t, device dev) {
-  return ::ccgraph::detail::visit([&](const auto& x) -> any_tensor {
-    using T = typename std::decay_t<decltype(x)>::value_type;
-    return tensor<T>::empty(x.shape(), dev);
-  }, t);
-}
+CCGRAPH_DECL any_tensor empty_like(const any_tensor& t, device dev);
 
 /// dst.copy_(src) for type-erased tensors of one dtype.
-inline void copy_any(const any_tensor& dst, const any_tensor& src) {
-  ::ccgraph::detail::visit([&](const auto& d) {
-    using X = std::decay_t<decltype(d)>;
-    X(d).copy_(std::get<X>(src));
-  }, dst);
-}
+CCGRAPH_DECL void copy_any(const any_tensor& dst, const any_tensor& src);
 
 /// The bytes of a storage a tensor's elements can touch, for overlap checks.
 struct memory_span {
@@ -129,31 +116,10 @@ struct memory_span {
     return storage && storage == o.storage && begin < o.end && o.begin < end;
   }
 };
-inline memory_span span_of(const any_tensor& t) {
-  return ::ccgraph::detail::visit([](const auto& x) {
-    memory_span s;
-    using T = typename std::decay_t<decltype(x)>::value_type;
-    if (x.numel() == 0 || !x.storage()) return s;
-    std::int64_t lo = x.storage_offset(), hi = x.storage_offset();
-    for (std::size_t d = 0; d < x.shape().size(); ++d) {
-      const std::int64_t step = (x.shape()[d] - 1) * x.strides()[d];
-      (step < 0 ? lo : hi) += step;
-      s.self_overlapping = s.self_overlapping || (x.shape()[d] > 1 && x.strides()[d] == 0);
-    }
-    s.storage = x.storage().get();
-    s.begin = lo * static_cast<std::int64_t>(sizeof(T));
-    s.end = (hi + 1) * static_cast<std::int64_t>(sizeof(T));
-    return s;
-  }, t);
-}
+CCGRAPH_DECL memory_span span_of(const any_tensor& t);
 
 /// A tensor of meta `m` at byte `offset` of `arena` (contiguous).
-inline any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset) {
-  return visit_any_dtype(m.dtype, [&](auto tag) -> any_tensor {
-    using T = decltype(tag);
-    return tensor<T>(arena, m.shape, contiguous_strides(m.shape), offset / static_cast<std::int64_t>(sizeof(T)));
-  });
-}
+CCGRAPH_DECL any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset);
 
 /// The arena an executor reuses across calls, and the collectives of the last call that may
 /// still touch it. Shared by copies of the executor; a call takes it out while it runs.
@@ -167,47 +133,12 @@ struct arena_cache {
 /// Makes each result of `g` that is the output of a wait_tensor node read by nothing but the
 /// output node the wait's own input, and drops those waits: what compile_options::
 /// pending_outputs compiles.
-inline void return_pending(graph& g) {
-  node* out = g.output_node();
-  if (!out) return;
-  std::vector<value_ref> results = out->args();
-  std::vector<node*> dropped;
-  for (auto& r : results) {
-    node* w = r.src;
-    if (!w->is_wait() || w->users().size() != 1) continue;  // users are distinct: the output alone
-    r = w->args().front();
-    if (std::find(dropped.begin(), dropped.end(), w) == dropped.end()) dropped.push_back(w);
-  }
-  if (dropped.empty()) return;
-  g.set_args(out, std::move(results));
-  for (node* w : dropped) g.erase(w);
-}
+CCGRAPH_DECL void return_pending(graph& g);
 
 /// Per position of `g`'s order, for each collective: what runs between it and its first wait
 /// (see collective_request::overlap); `unknown` for other nodes. Views, collectives and waits
 /// launch no compute; a collective never waited counts everything after it.
-inline std::vector<overlap_hint> collective_overlaps(const graph& g) {
-  const auto& nodes = g.nodes();
-  std::vector<overlap_hint> out(nodes.size(), overlap_hint::unknown);
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    if (!nodes[i]->is_collective()) continue;
-    std::size_t first_wait = nodes.size();
-    for (const node* u : nodes[i]->users())
-      if (u->is_wait()) first_wait = std::min(first_wait, g.position(u));
-    overlap_hint h = overlap_hint::none;
-    for (std::size_t p = i + 1; p < first_wait && h != overlap_hint::matmul; ++p) {
-      const node& n = *nodes[p];
-      if (n.is_impure()) continue;
-      // What the op's cost says it launches: a matmul-class kernel, another kernel, or nothing.
-      std::vector<tensor_meta> ins;
-      for (const auto& a : n.args()) ins.push_back(a.src->meta(a.index));
-      const op_cost c = cost_of(n.kind(), ins, n.metas());
-      if (c.k == op_cost::kind::compute) h = c.peak == peak_class::matmul ? overlap_hint::matmul : overlap_hint::compute;
-    }
-    out[i] = h;
-  }
-  return out;
-}
+CCGRAPH_DECL std::vector<overlap_hint> collective_overlaps(const graph& g);
 
 }  // namespace detail
 
@@ -728,3 +659,7 @@ basic_executor<Unused> compile(const graph& g, rank_context& ctx, compile_option
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/runtime/impl/executor.ipp>
+#endif

@@ -3,6 +3,7 @@
 // so asynchrony and overlap are real. This is the backend of CI and of the acceptance tests.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <chrono>
 #include <compare>
@@ -58,25 +59,7 @@ struct threads_group_key {
 
 /// A batch of point-to-point transfers split into one request per transfer, each over its pair
 /// of ranks, in ops::p2p_transfers's order (the same on every rank).
-inline std::vector<std::shared_ptr<collective_request>> split_p2p(const collective_request& req) {
-  const auto& b = std::get<ops::batch_isend_irecv>(req.op);
-  std::vector<std::size_t> slot(b.ops.size());  // per transfer: its input (send) or output (recv)
-  std::size_t sends = 0, recvs = 0;
-  for (std::size_t i = 0; i < b.ops.size(); ++i) slot[i] = b.ops[i].is_send ? sends++ : recvs++;
-  std::vector<std::shared_ptr<collective_request>> out;
-  for (auto& t : ops::p2p_transfers(b, req.rank, req.group)) {
-    auto r = std::make_shared<collective_request>();
-    const bool is_send = t.op.ops[0].is_send;
-    r->op = std::move(t.op);
-    r->group = std::move(t.pair);
-    r->rank = req.rank;
-    r->overlap = req.overlap;
-    if (is_send) r->inputs.push_back(req.inputs.at(slot[t.index]));
-    else r->outputs.push_back(req.outputs.at(slot[t.index]));
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+CCGRAPH_DECL std::vector<std::shared_ptr<collective_request>> split_p2p(const collective_request& req);
 
 /// One collective of one group (its position `seq` in the group's sequence), from the first
 /// member's issue to the last member's completion: where the members' calls are compared and
@@ -548,3 +531,7 @@ void run_threads(int n, F&& fn, threads_options opt = {}) {
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/runtime/impl/threads.ipp>
+#endif

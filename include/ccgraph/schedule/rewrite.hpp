@@ -4,6 +4,7 @@
 // or erasure renumbers the nodes after it).
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <cstddef>
 #include <functional>
 #include <queue>
@@ -17,37 +18,10 @@ namespace ccgraph::detail {
 /// Puts `g` in the topological order closest to `preferred` (every node of `g` once): among the
 /// nodes whose inputs are placed, the earliest in `preferred` goes first, so `preferred` itself
 /// when it is topological. O((V + E) log V).
-inline void restore_topological_order(graph& g, const std::vector<node*>& preferred) {
-  const std::size_t n = preferred.size();
-  CCGRAPH_CHECK(n == g.size(), "restore_topological_order: ", n, " nodes for a graph of ", g.size());
-  std::vector<std::size_t> at(n);  // by current position: the index in `preferred`
-  for (std::size_t i = 0; i < n; ++i) at[g.position(preferred[i])] = i;
-  std::vector<int> indeg(n, 0);
-  std::vector<std::size_t> counted(n, n);  // counted[j] == i: j already counted as an input of i
-  bool sorted = true;
-  for (std::size_t i = 0; i < n; ++i)
-    for (auto& a : preferred[i]->args()) {
-      const std::size_t j = at[g.position(a.src)];
-      if (counted[j] == i) continue;
-      counted[j] = i;
-      ++indeg[i];
-      sorted = sorted && j < i;
-    }
-  if (sorted) return g.reorder(preferred);
-  std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-  for (std::size_t i = 0; i < n; ++i)
-    if (indeg[i] == 0) ready.push(i);
-  std::vector<node*> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    const std::size_t i = ready.top();
-    ready.pop();
-    order.push_back(preferred[i]);
-    for (node* u : preferred[i]->users())
-      if (--indeg[at[g.position(u)]] == 0) ready.push(at[g.position(u)]);
-  }
-  CCGRAPH_CHECK(order.size() == n, "restore_topological_order: the graph has a cycle");
-  g.reorder(order);
-}
+CCGRAPH_DECL void restore_topological_order(graph& g, const std::vector<node*>& preferred);
 
 }  // namespace ccgraph::detail
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/schedule/impl/rewrite.ipp>
+#endif

@@ -5,6 +5,7 @@
 // order, also where ranks run different programs.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -59,32 +60,13 @@ struct schedule_options {
 /// The passes cg::schedule knows, in the order they are usually run. Bucketing goes before
 /// decomposition: afterwards it would merge the chunks' collectives back into one.
 /// recompute_pointwise measures memory on the order it is given, so it goes after reordering.
-inline const std::vector<std::string_view>& schedule_pass_names() {
-  static const std::vector<std::string_view> names = {
-      "bucket_collectives", "decompose_matmul_collectives", "sink_waits", "raise_comms",
-      "reorder_compute_for_overlap", "overlap", "recompute_pointwise"};
-  return names;
-}
+CCGRAPH_DECL const std::vector<std::string_view>& schedule_pass_names();
 
 /// Applies one named pass to `g` in place; an unknown name is an error listing the known ones.
 /// With a rank context (see schedule_options::agreement), bucket_collectives and
 /// decompose_matmul_collectives communicate with the other members of the groups they change:
 /// every member must then schedule its graph with the same passes at the same point.
-inline void apply_pass(graph& g, std::string_view pass, const schedule_options& opt) {
-  if (pass == "sink_waits") return sink_waits(g);
-  if (pass == "raise_comms") return raise_comms(g);
-  if (pass == "reorder_compute_for_overlap") return reorder_compute_for_overlap(g, opt.estimator());
-  if (pass == "overlap") return overlap(g, opt.estimator(), opt.overlap);
-  if (pass == "recompute_pointwise") return (void)recompute_pointwise(g, opt.estimator(), opt.recompute);
-  rank_context* ctx = opt.agreement == collective_agreement::spmd ? nullptr
-                     : opt.context                                ? opt.context
-                                                                  : detail::current_rank_ptr();
-  if (pass == "bucket_collectives") return bucket_collectives(g, opt.bucket_cap_bytes, ctx);
-  if (pass == "decompose_matmul_collectives") return decompose_matmul_collectives(g, opt.decompose_chunks, ctx);
-  std::string known;
-  for (auto n : schedule_pass_names()) known += (known.empty() ? "" : ", ") + std::string(n);
-  CCGRAPH_THROW(error, "schedule: unknown pass '", pass, "'; known passes are ", known);
-}
+CCGRAPH_DECL void apply_pass(graph& g, std::string_view pass, const schedule_options& opt);
 
 /// A copy of `g` with `passes` applied in order (the list may be empty). Returns g's own type,
 /// so a typed graph stays typed. The result is linted.
@@ -98,8 +80,10 @@ G schedule(const G& g, const std::vector<std::string>& passes, const schedule_op
 }
 
 /// The predicted timeline of `g` under `opt`'s estimator.
-inline timeline predict(const graph& g, const schedule_options& opt = {}) {
-  return simulate(g, opt.estimator());
-}
+CCGRAPH_DECL timeline predict(const graph& g, const schedule_options& opt = {});
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/schedule/impl/schedule.ipp>
+#endif

@@ -2,6 +2,7 @@
 // whose type is only known at run time (graph executors, backends).
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <cstdint>
 #include <type_traits>
 #include <variant>
@@ -20,9 +21,7 @@ using any_tensor = std::variant<tensor<float>, tensor<double>, tensor<std::int32
                                 tensor<std::complex<double>>>;
 
 /// Element type and shape of `t`.
-inline tensor_meta meta_of(const any_tensor& t) {
-  return ::ccgraph::detail::visit([](const auto& x) { return tensor_meta{x.dtype(), x.shape()}; }, t);
-}
+CCGRAPH_DECL tensor_meta meta_of(const any_tensor& t);
 
 /// The tensor<T> inside `t`; a different element type is an error naming both.
 template <element T>
@@ -33,10 +32,10 @@ const tensor<T>& get_tensor(const any_tensor& t, const char* what) {
 }
 
 /// A new uninitialised tensor of the given meta.
-inline any_tensor empty_like_meta(const tensor_meta& m) {
-  return visit_any_dtype(m.dtype, [&](auto tag) -> any_tensor {
-    return tensor<decltype(tag)>::empty(m.shape);
-  });
-}
+CCGRAPH_DECL any_tensor empty_like_meta(const tensor_meta& m);
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/tensor/impl/any_tensor.ipp>
+#endif

@@ -3,6 +3,7 @@
 // collectives record their nodes. Shapes and dtypes go through the same inference as eager.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -255,9 +256,7 @@ struct recorded_expr {
   std::vector<shape_t> random_shape;
 };
 
-inline std::string value_key(const value_ref& r) {
-  return "%" + std::to_string(reinterpret_cast<std::uintptr_t>(r.src)) + "." + std::to_string(r.index);
-}
+CCGRAPH_DECL std::string value_key(const value_ref& r);
 
 // Typed trees of traced expressions: the same expression type, each operand either computed
 // or read from one of the node's inputs, decided when the expression is recorded (a
@@ -747,6 +746,10 @@ symbolic<T> record(node_op op, const std::vector<value_ref>& args, std::string_v
   return symbolic<T>(st, {st->g.add(std::move(op), args, {}, hint), 0});
 }
 
+/// Records collective `op` on `args` and one wait_tensor per output; returns the waits' values.
+CCGRAPH_DECL std::vector<value_ref> record_collective(trace_state& st, const ops::collective_op& op,
+                                                      std::vector<value_ref> args, const group_info& gi);
+
 /// Collectives on symbolic values: the collective node, then one wait_tensor per output, which
 /// consumers read (PyTorch's traced form). The fake world resolves the group.
 template <class T>
@@ -763,13 +766,8 @@ struct collective_backend<symbolic<T>> {
     trace_state& st = state(what);
     std::vector<value_ref> args;
     for (auto& x : inputs) args.push_back(x.ref());
-    const std::string_view hint = ops::name_of(op);
-    node* c = st.g.add(to_node_op(op), args, gi, hint);
     std::vector<symbolic<T>> outs;
-    for (int k = 0; k < c->num_outputs(); ++k) {
-      node* w = st.g.add(ops::wait_tensor{}, {{c, k}}, {}, "wait_tensor");
-      outs.emplace_back(&st, value_ref{w, 0});
-    }
+    for (const value_ref& w : record_collective(st, op, std::move(args), gi)) outs.emplace_back(&st, w);
     return outs;
   }
 };
@@ -855,3 +853,7 @@ const symbolic<T>& eval(const symbolic<T>& s) {
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/trace/impl/ops.ipp>
+#endif

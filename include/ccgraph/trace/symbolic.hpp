@@ -100,7 +100,7 @@ class symbolic : public pointwise_operators::operand_tag {  // finds the pointwi
     Op op{std::forward<A>(args)...};
     return unary(node_op(std::move(op)), hint);
   }
-  symbolic unary(node_op op, std::string_view hint) const {
+  symbolic unary(node_op&& op, std::string_view hint) const {
     return symbolic(st_, {st_->g.add(std::move(op), {ref_}, {}, hint), 0});
   }
   shape_t resolve_shape(shape_t s) const {
@@ -159,8 +159,7 @@ std::vector<value_ref> record_op_erased(const O& o, trace_state* st, const std::
   // A user op's nodes are named after it ("mylib::swiglu" gives %swiglu).
   std::string_view hint = O::name;
   if constexpr (std::is_same_v<O, ops::user>) hint = std::string_view(o.op).substr(std::string_view(o.op).rfind(':') + 1);
-  node_op op = o;
-  node* n = st->g.add(std::move(op), args, {}, hint);
+  node* n = st->g.add(node_op(o), args, {}, hint);  // a dependent temporary: no variant code here
   std::vector<value_ref> outs;
   for (int k = 0; k < n->num_outputs(); ++k) outs.push_back({n, k});
   return outs;
@@ -173,8 +172,7 @@ struct op_apply<symbolic<T>> {
   template <class O, class... Ts>
   static symbolic<T> apply(const O& o, const symbolic<T>& x, const Ts&... xs) {
     trace_state* st = x.state();
-    node_op op = o;
-    node* n = st->g.add(std::move(op), {x.ref(), xs.ref()...}, {}, O::name);
+    node* n = st->g.add(node_op(o), {x.ref(), xs.ref()...}, {}, O::name);
     return symbolic<T>(st, {n, 0});
   }
   /// apply_op_n (ops/op_traits.hpp) on traced values: records one node with the outputs Rs....

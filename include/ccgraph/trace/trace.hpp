@@ -142,7 +142,7 @@ auto trace(trace_options opt, F&& fn, const Inputs&... inputs) {
     meta.shape = spec.shape;
     node* p = st.g.add_placeholder(meta, spec.pending);
     if (!spec.pending) return symbolic<T>(&st, {p, 0});
-    node* w = st.g.add(ops::wait_tensor{}, {{p, 0}}, {}, "wait_tensor");
+    node* w = detail::add_wait(st.g, {p, 0});
     return symbolic<T>(&st, {w, 0});
   };
   // Braced initialisation evaluates left to right: placeholders are numbered in input order.

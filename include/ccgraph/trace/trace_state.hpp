@@ -2,6 +2,7 @@
 // collectives resolve their groups against (any rank of any world size, no backend).
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -69,10 +70,11 @@ struct trace_state {
 };
 
 /// The calling thread's active trace, or null.
-inline trace_state*& current_trace_ptr() {
-  thread_local trace_state* st = nullptr;
-  return st;
-}
+CCGRAPH_DECL trace_state*& current_trace_ptr();
 
 }  // namespace detail
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/trace/impl/trace_state.ipp>
+#endif

@@ -1,0 +1,114 @@
+// ccgraph/schedule/impl/cost_model.ipp: the non-template functions of
+// <ccgraph/schedule/cost_model.hpp>. Included by that header when header-only, compiled once by
+// <ccgraph/impl/src.hpp> under CCGRAPH_SEPARATE_COMPILATION.
+#pragma once
+
+#include <ccgraph/schedule/cost_model.hpp>
+
+namespace ccgraph {
+
+namespace detail {
+
+CCGRAPH_DECL nccl_topology nccl_topology_of(const device_spec& d, int nranks) {
+  nccl_topology t;
+  t.nranks = nranks;
+  const int ppn_max = std::max(1, d.gpus_per_node);
+  t.nnodes = (nranks + ppn_max - 1) / ppn_max;
+  const auto gen = static_cast<std::size_t>(d.generation);
+  if (d.nvlink_links > 0) {
+    t.intra_hw = nccl_hw::nvlink;
+    double bw = d.nvlink_links * nccl_nvlink_bandwidth_per_link[gen];
+    if (d.nvlink_bw > 0) bw = std::min(bw, d.nvlink_bw / 1e9);
+    t.intra_bw = bw * d.nccl_efficiency;
+    t.channels = d.nvlink_links;
+  } else {
+    t.intra_hw = nccl_hw::pci;
+    t.intra_bw = d.pci_bw / 1e9 * d.nccl_efficiency;
+    t.channels = 2;
+  }
+  t.net_bw = d.net_bw / 1e9 * d.nccl_efficiency;
+  // Across nodes every ring crosses each node boundary once per channel; with one NIC per GPU
+  // the node's channels share gpus_per_node NICs (Inductor: "bottlenecked by the slowest link").
+  const int ppn = std::min(nranks, ppn_max);
+  t.bus_bw = t.nnodes == 1 ? t.intra_bw : std::min(t.intra_bw, t.net_bw * ppn);
+  return t;
+}
+
+CCGRAPH_DECL std::pair<double, double> nccl_lat_bw(const device_spec& d, const nccl_topology& t, nccl_coll coll,
+                                             nccl_algo algo, nccl_proto proto) {
+  const auto a = static_cast<std::size_t>(algo);
+  const auto p = static_cast<std::size_t>(proto);
+  const auto gen = static_cast<std::size_t>(d.generation);
+  const int n = t.nranks, nodes = t.nnodes;
+  const std::size_t node_class = nodes <= 2 ? static_cast<std::size_t>(nodes - 1) : 2;
+  // LL's cap: by GPU generation on one node, by CPU vendor across nodes (we assume Intel: row 0).
+  const double ll_max = ll_max_bandwidth[nodes == 1 ? gen : 0][node_class];
+  const double ppn = double(n) / nodes;
+
+  if (algo == nccl_algo::tree && coll != nccl_coll::all_reduce) return {0, 0};  // ring only
+  // LL128: NCCL enables it by default on NVLink (typeIntra <= PATH_NVB) for sm70 and newer.
+  if (proto == nccl_proto::ll128 && t.intra_hw != nccl_hw::nvlink) return {0, 0};
+
+  const int nsteps = coll == nccl_coll::all_reduce ? 2 * (n - 1)
+                     : (coll == nccl_coll::all_gather || coll == nccl_coll::reduce_scatter) ? n - 1
+                                                                                            : n;
+  double bus = t.bus_bw;
+  const double ch = t.channels;
+  if (algo == nccl_algo::ring && proto == nccl_proto::ll) bus = std::min(ll_max, bus * 0.5);
+  if (algo == nccl_algo::ring && proto == nccl_proto::ll128)
+    bus = std::min(bus * 0.92, ch * per_channel_max_ring_ll128_bandwidth[gen][node_class]);
+  if (algo == nccl_algo::tree) bus = std::min(bus * 0.92, ch * per_channel_max_tree_bandwidth[gen][node_class]);
+  if (algo == nccl_algo::tree && proto == nccl_proto::ll) bus = std::min(bus / 3.8, ll_max);
+  if (algo == nccl_algo::tree && proto == nccl_proto::ll128)
+    bus = std::min(bus * (nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0),
+                   ch * per_channel_max_tree_ll128_bandwidth[gen][node_class]);
+  // Bus bandwidth to algorithm bandwidth.
+  const double bw = bus * (algo == nccl_algo::ring ? double(n) / nsteps : 0.5);
+
+  double lat = nccl_base_latency[a][p];
+  double intra_lat = nccl_hw_latency[static_cast<std::size_t>(t.intra_hw)][a][p];
+  // "With ppn=1 latencies are fully exposed, use the Tree network latency".
+  const double inter_lat =
+      nccl_hw_latency[static_cast<std::size_t>(nccl_hw::net)][ppn == 1 ? 0 : a][p];
+  if (algo == nccl_algo::ring) {
+    if (coll == nccl_coll::broadcast) {
+      // Broadcast is a pipelined chain: NCCL's per-step latency for rings that do not share
+      // channels (Simple takes the tree figure "waiting for proper chunk modeling").
+      const nccl_hw hw = nodes == 1 ? t.intra_hw : nccl_hw::net;
+      const std::size_t la = proto == nccl_proto::simple ? 0 : a;
+      lat += nsteps * nccl_hw_latency[static_cast<std::size_t>(hw)][la][p];
+    } else {
+      // Inter-node rings pay the network post overhead on every step (getNetOverhead: 1 us on
+      // Intel, x3 for Simple).
+      const double net_overhead = nodes > 1 ? (proto == nccl_proto::simple ? 3.0 : 1.0) : 0.0;
+      intra_lat = std::max(intra_lat, net_overhead);
+      const int inter_steps = nodes == 1 ? 0 : coll == nccl_coll::all_reduce ? 2 * (nodes - 1) : nodes - 1;
+      lat += (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat;
+    }
+  } else {
+    lat += 2 * ((n / nodes - 1) * intra_lat + log2i(nodes) * inter_lat);
+  }
+  return {lat, bw};
+}
+
+CCGRAPH_DECL double nccl_algo_time(const device_spec& d, const nccl_topology& t, nccl_coll coll, nccl_algo algo,
+                             nccl_proto proto, double bytes) {
+  auto [lat, bw] = nccl_lat_bw(d, t, coll, algo, proto);
+  if (bw <= 0) return -1;
+  const int log_size = log2i(static_cast<std::int64_t>(bytes) >> 6);
+  if (algo == nccl_algo::tree && coll == nccl_coll::all_reduce && log_size >= 0 &&
+      log_size < static_cast<int>(nccl_num_tree_corrections))
+    bw *= nccl_tree_correction[static_cast<std::size_t>(proto)][static_cast<std::size_t>(log_size)];
+  if (algo == nccl_algo::ring && proto == nccl_proto::simple && t.nnodes > 1 && coll == nccl_coll::all_reduce &&
+      bytes / (double(t.channels) * t.nranks) >= 64)
+    lat *= d.generation < gpu_generation::ampere ? 1.9 : 1.4;  // "plateau effect of ring"
+  return lat + bytes / (1000.0 * bw);
+}
+
+CCGRAPH_DECL double bytes_of(const tensor_meta& m) {
+  return double(numel_of(m.shape)) * double(element_size(m.dtype));
+}
+
+}  // namespace detail
+
+}  // namespace ccgraph

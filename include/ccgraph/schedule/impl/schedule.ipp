@@ -1,0 +1,37 @@
+// ccgraph/schedule/impl/schedule.ipp: the non-template functions of
+// <ccgraph/schedule/schedule.hpp>. Included by that header when header-only, compiled once by
+// <ccgraph/impl/src.hpp> under CCGRAPH_SEPARATE_COMPILATION.
+#pragma once
+
+#include <ccgraph/schedule/schedule.hpp>
+
+namespace ccgraph {
+
+CCGRAPH_DECL const std::vector<std::string_view>& schedule_pass_names() {
+  static const std::vector<std::string_view> names = {
+      "bucket_collectives", "decompose_matmul_collectives", "sink_waits", "raise_comms",
+      "reorder_compute_for_overlap", "overlap", "recompute_pointwise"};
+  return names;
+}
+
+CCGRAPH_DECL void apply_pass(graph& g, std::string_view pass, const schedule_options& opt) {
+  if (pass == "sink_waits") return sink_waits(g);
+  if (pass == "raise_comms") return raise_comms(g);
+  if (pass == "reorder_compute_for_overlap") return reorder_compute_for_overlap(g, opt.estimator());
+  if (pass == "overlap") return overlap(g, opt.estimator(), opt.overlap);
+  if (pass == "recompute_pointwise") return (void)recompute_pointwise(g, opt.estimator(), opt.recompute);
+  rank_context* ctx = opt.agreement == collective_agreement::spmd ? nullptr
+                     : opt.context                                ? opt.context
+                                                                  : detail::current_rank_ptr();
+  if (pass == "bucket_collectives") return bucket_collectives(g, opt.bucket_cap_bytes, ctx);
+  if (pass == "decompose_matmul_collectives") return decompose_matmul_collectives(g, opt.decompose_chunks, ctx);
+  std::string known;
+  for (auto n : schedule_pass_names()) known += (known.empty() ? "" : ", ") + std::string(n);
+  CCGRAPH_THROW(error, "schedule: unknown pass '", pass, "'; known passes are ", known);
+}
+
+CCGRAPH_DECL timeline predict(const graph& g, const schedule_options& opt) {
+  return simulate(g, opt.estimator());
+}
+
+}  // namespace ccgraph

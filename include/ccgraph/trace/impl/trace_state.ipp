@@ -1,0 +1,19 @@
+// ccgraph/trace/impl/trace_state.ipp: the non-template functions of
+// <ccgraph/trace/trace_state.hpp>. Included by that header when header-only, compiled once by
+// <ccgraph/impl/src.hpp> under CCGRAPH_SEPARATE_COMPILATION.
+#pragma once
+
+#include <ccgraph/trace/trace_state.hpp>
+
+namespace ccgraph {
+
+namespace detail {
+
+CCGRAPH_DECL trace_state*& current_trace_ptr() {
+  thread_local trace_state* st = nullptr;
+  return st;
+}
+
+}  // namespace detail
+
+}  // namespace ccgraph
