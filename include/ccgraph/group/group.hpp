@@ -167,66 +167,16 @@ class group {
 
   /// The canonical group for `rank`. `what` names the calling collective in errors, such as a
   /// rank calling a collective on a group it is not a member of.
-  group_info resolve(int rank, const group_registry& reg, const char* what) const {
-    std::vector<int> ranks;
-    if (auto* r = std::get_if<std::vector<int>>(&desc_)) {
-      ranks = group_registry::canonical_ranks(*r, reg.world_size(), what);
-    } else if (auto* lists = std::get_if<std::vector<std::vector<int>>>(&desc_)) {
-      std::size_t covered = 0;
-      bool in_world = true;
-      for (auto& l : *lists) {
-        if (std::find(l.begin(), l.end(), rank) != l.end())
-          ranks = group_registry::canonical_ranks(l, reg.world_size(), what);
-        covered += l.size();
-        for (int r : l) in_world = in_world && r >= 0 && r < reg.world_size();
-      }
-      CCGRAPH_CHECK(!ranks.empty(), what, ": rank ", rank, " is in none of the groups ",
-                    lists_str(*lists));
-      // Lists hold distinct ranks (check_mpmd): as many ranks as the world, all in it, is all
-      // of it.
-      if (in_world && covered == static_cast<std::size_t>(reg.world_size())) {
-        std::vector<std::vector<int>> parts;
-        for (auto& l : *lists) parts.push_back(group_registry::canonical_ranks(l, reg.world_size(), what));
-        std::string name = reg.name_of(ranks);
-        return {std::move(name), std::move(ranks), std::move(parts), tag_};
-      }
-    } else {
-      ranks = reg.find(std::get<std::string>(desc_));
-    }
-    CCGRAPH_CHECK(std::find(ranks.begin(), ranks.end(), rank) != ranks.end(), what, ": rank ",
-                  rank, " is not a member of group ", list_str(ranks));
-    std::string name = reg.name_of(ranks);
-    return {std::move(name), std::move(ranks), {}, tag_};
-  }
+  CCGRAPH_DECL group_info resolve(int rank, const group_registry& reg, const char* what) const;
 
   /// The group size, without a calling rank (every MPMD sub-list has the same size); -1 for a
   /// name, whose size needs the registry.
-  int size() const {
-    if (auto* r = std::get_if<std::vector<int>>(&desc_)) return static_cast<int>(r->size());
-    if (auto* l = std::get_if<std::vector<std::vector<int>>>(&desc_))
-      return static_cast<int>(l->front().size());
-    return -1;
-  }
+  CCGRAPH_DECL int size() const;
 
  private:
   using lists_t = std::vector<std::vector<int>>;
-  static std::string lists_str(const lists_t& lists) {
-    std::string s = "[";
-    for (std::size_t i = 0; i < lists.size(); ++i) s += (i ? ", " : "") + list_str(lists[i]);
-    return s + "]";
-  }
-  static lists_t check_mpmd(lists_t lists) {
-    CCGRAPH_CHECK(!lists.empty(), "group: an MPMD group needs at least one rank list");
-    for (auto& l : lists)
-      CCGRAPH_CHECK(l.size() == lists.front().size(), "group sizes must be identical found ",
-                    lists.front().size(), " and ", l.size());
-    std::vector<int> all;
-    for (auto& l : lists) all.insert(all.end(), l.begin(), l.end());
-    std::sort(all.begin(), all.end());
-    CCGRAPH_CHECK(std::adjacent_find(all.begin(), all.end()) == all.end(),
-                  "group: a rank appears in more than one list of ", lists_str(lists));
-    return lists;
-  }
+  CCGRAPH_DECL static std::string lists_str(const lists_t& lists);
+  CCGRAPH_DECL static lists_t check_mpmd(lists_t lists);
 
   using desc_t = std::variant<std::vector<int>, lists_t, std::string>;
   desc_t desc_;

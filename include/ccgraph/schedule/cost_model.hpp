@@ -307,101 +307,30 @@ class calibration {
   };
 
   /// Records a point; a later point for the same op, group size and bytes replaces the earlier.
-  void add(std::string_view op, int group_size, std::int64_t bytes, double us) {
-    CCGRAPH_CHECK(!op.empty(), "calibration::add: empty op name");
-    CCGRAPH_CHECK(group_size >= 1, "calibration::add: group_size ", group_size, " for ", op, " must be >= 1");
-    CCGRAPH_CHECK(bytes >= 0, "calibration::add: negative bytes ", bytes, " for ", op);
-    CCGRAPH_CHECK(std::isfinite(us) && us >= 0, "calibration::add: time ", us, " us for ", op,
-                  " must be finite and >= 0");
-    table_[key_t(std::string(op), group_size)][bytes] = us;
-  }
+  CCGRAPH_DECL void add(std::string_view op, int group_size, std::int64_t bytes, double us);
 
   /// True when there are points for `op` at `group_size`.
-  bool has(std::string_view op, int group_size) const {
-    return table_.find(key_t(std::string(op), group_size)) != table_.end();
-  }
+  CCGRAPH_DECL bool has(std::string_view op, int group_size) const;
   /// Number of points.
-  std::size_t size() const {
-    std::size_t n = 0;
-    for (auto& [k, v] : table_) n += v.size();
-    return n;
-  }
+  CCGRAPH_DECL std::size_t size() const;
   /// True without points.
   bool empty() const { return table_.empty(); }
   /// Every point, ordered by op, group size and bytes.
-  std::vector<point> points() const {
-    std::vector<point> v;
-    for (auto& [k, pts] : table_)
-      for (auto& [b, us] : pts) v.push_back({k.first, k.second, b, us});
-    return v;
-  }
+  CCGRAPH_DECL std::vector<point> points() const;
 
   /// The time of `op` on `group_size` ranks for `bytes`: log-log linear between the two
   /// nearest measured sizes; below the smallest, the smallest's time (latency-bound); above the
   /// largest, the largest's time plus the extra bytes at the bandwidth of the last segment. No
   /// value without points for (op, group_size).
-  std::optional<double> interpolate(std::string_view op, int group_size, std::int64_t bytes) const {
-    auto it = table_.find(key_t(std::string(op), group_size));
-    if (it == table_.end() || it->second.empty()) return std::nullopt;
-    const auto& pts = it->second;  // bytes -> us, ascending
-    auto hi = pts.lower_bound(bytes);
-    if (hi != pts.end() && hi->first == bytes) return hi->second;
-    if (hi == pts.begin()) return hi->second;
-    if (hi == pts.end()) {
-      auto last = std::prev(pts.end());
-      double bw = 0;  // bytes per us
-      if (last != pts.begin()) {
-        auto prev = std::prev(last);
-        if (last->second > prev->second) bw = double(last->first - prev->first) / (last->second - prev->second);
-      }
-      if (bw <= 0 && last->second > 0) bw = double(last->first) / last->second;
-      if (bw <= 0) return last->second;
-      return last->second + double(bytes - last->first) / bw;
-    }
-    auto lo = std::prev(hi);
-    const double x0 = double(lo->first), x1 = double(hi->first), x = double(bytes);
-    const double y0 = lo->second, y1 = hi->second;
-    if (x0 <= 0 || y0 <= 0 || y1 <= 0) return y0 + (y1 - y0) * (x - x0) / (x1 - x0);  // no logs of 0
-    const double f = std::log(x / x0) / std::log(x1 / x0);
-    return std::exp(std::log(y0) + f * (std::log(y1) - std::log(y0)));
-  }
+  CCGRAPH_DECL std::optional<double> interpolate(std::string_view op, int group_size, std::int64_t bytes) const;
 
   /// Adds the points of a CSV table (`op,group_size,bytes,us` lines; a header line with those
   /// names, blank lines and lines starting with `#` are skipped). A malformed line throws an
   /// error naming its line number and content; nothing is added then.
-  void load(std::istream& in) {
-    calibration staged = *this;
-    std::string line;
-    for (int lineno = 1; std::getline(in, line); ++lineno) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      const auto first = line.find_first_not_of(" \t");
-      if (first == std::string::npos || line[first] == '#') continue;
-      auto fields = split_csv(line);
-      auto fail = [&](const std::string& why) {
-        CCGRAPH_THROW(error, "calibration: line ", lineno, ": ", why, ": \"", line, "\"");
-      };
-      if (fields.size() != 4) fail("expected 4 fields op,group_size,bytes,us, got " + std::to_string(fields.size()));
-      if (fields[0] == "op" && fields[1] == "group_size" && fields[2] == "bytes" && fields[3] == "us") continue;
-      if (fields[0].empty()) fail("empty op name");
-      const auto g = parse_int(fields[1]);
-      if (!g || *g < 1 || *g > std::numeric_limits<int>::max()) fail("group_size must be an integer >= 1");
-      const auto b = parse_int(fields[2]);
-      if (!b || *b < 0) fail("bytes must be an integer >= 0");
-      const auto us = parse_double(fields[3]);
-      if (!us || !std::isfinite(*us) || *us < 0) fail("us must be a number >= 0");
-      staged.add(fields[0], static_cast<int>(*g), *b, *us);
-    }
-    *this = std::move(staged);
-  }
+  CCGRAPH_DECL void load(std::istream& in);
   /// Writes the table as CSV with a header line, ordered by op, group size and bytes; load()
   /// reads it back to an equal table.
-  void save(std::ostream& out) const {
-    std::ostringstream os;
-    os.precision(17);
-    os << "op,group_size,bytes,us\n";
-    for (auto& p : points()) os << p.op << ',' << p.group_size << ',' << p.bytes << ',' << p.us << '\n';
-    out << os.str();
-  }
+  CCGRAPH_DECL void save(std::ostream& out) const;
 
   friend bool operator==(const calibration&, const calibration&) = default;
 
@@ -409,44 +338,10 @@ class calibration {
   using key_t = std::pair<std::string, int>;
   std::map<key_t, std::map<std::int64_t, double>> table_;
 
-  static std::string trim(std::string_view s) {
-    const auto b = s.find_first_not_of(" \t");
-    if (b == std::string_view::npos) return {};
-    const auto e = s.find_last_not_of(" \t");
-    return std::string(s.substr(b, e - b + 1));
-  }
-  static std::vector<std::string> split_csv(const std::string& line) {
-    std::vector<std::string> f;
-    std::size_t start = 0;
-    while (true) {
-      const auto comma = line.find(',', start);
-      f.push_back(trim(std::string_view(line).substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
-      if (comma == std::string::npos) return f;
-      start = comma + 1;
-    }
-  }
-  static std::optional<std::int64_t> parse_int(const std::string& s) {
-    if (s.empty()) return std::nullopt;
-    std::size_t pos = 0;
-    try {
-      const long long v = std::stoll(s, &pos);
-      if (pos != s.size()) return std::nullopt;
-      return static_cast<std::int64_t>(v);
-    } catch (...) {
-      return std::nullopt;
-    }
-  }
-  static std::optional<double> parse_double(const std::string& s) {
-    if (s.empty()) return std::nullopt;
-    std::size_t pos = 0;
-    try {
-      const double v = std::stod(s, &pos);
-      if (pos != s.size()) return std::nullopt;
-      return v;
-    } catch (...) {
-      return std::nullopt;
-    }
-  }
+  CCGRAPH_DECL static std::string trim(std::string_view s);
+  CCGRAPH_DECL static std::vector<std::string> split_csv(const std::string& line);
+  CCGRAPH_DECL static std::optional<std::int64_t> parse_int(const std::string& s);
+  CCGRAPH_DECL static std::optional<double> parse_double(const std::string& s);
 };
 
 // ---------------------------------------------------------------------------------------------

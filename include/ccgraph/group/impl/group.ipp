@@ -46,4 +46,62 @@ CCGRAPH_DECL void check_group_fits(std::string_view what, const group_info& g, i
                 " ranks (rank ", rank, ")");
 }
 
+CCGRAPH_DECL group_info group::resolve(int rank, const group_registry& reg, const char* what) const {
+  std::vector<int> ranks;
+  if (auto* r = std::get_if<std::vector<int>>(&desc_)) {
+    ranks = group_registry::canonical_ranks(*r, reg.world_size(), what);
+  } else if (auto* lists = std::get_if<std::vector<std::vector<int>>>(&desc_)) {
+    std::size_t covered = 0;
+    bool in_world = true;
+    for (auto& l : *lists) {
+      if (std::find(l.begin(), l.end(), rank) != l.end())
+        ranks = group_registry::canonical_ranks(l, reg.world_size(), what);
+      covered += l.size();
+      for (int r : l) in_world = in_world && r >= 0 && r < reg.world_size();
+    }
+    CCGRAPH_CHECK(!ranks.empty(), what, ": rank ", rank, " is in none of the groups ",
+                  lists_str(*lists));
+    // Lists hold distinct ranks (check_mpmd): as many ranks as the world, all in it, is all
+    // of it.
+    if (in_world && covered == static_cast<std::size_t>(reg.world_size())) {
+      std::vector<std::vector<int>> parts;
+      for (auto& l : *lists) parts.push_back(group_registry::canonical_ranks(l, reg.world_size(), what));
+      std::string name = reg.name_of(ranks);
+      return {std::move(name), std::move(ranks), std::move(parts), tag_};
+    }
+  } else {
+    ranks = reg.find(std::get<std::string>(desc_));
+  }
+  CCGRAPH_CHECK(std::find(ranks.begin(), ranks.end(), rank) != ranks.end(), what, ": rank ",
+                rank, " is not a member of group ", list_str(ranks));
+  std::string name = reg.name_of(ranks);
+  return {std::move(name), std::move(ranks), {}, tag_};
+}
+
+CCGRAPH_DECL int group::size() const {
+  if (auto* r = std::get_if<std::vector<int>>(&desc_)) return static_cast<int>(r->size());
+  if (auto* l = std::get_if<std::vector<std::vector<int>>>(&desc_))
+    return static_cast<int>(l->front().size());
+  return -1;
+}
+
+CCGRAPH_DECL std::string group::lists_str(const lists_t& lists) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < lists.size(); ++i) s += (i ? ", " : "") + list_str(lists[i]);
+  return s + "]";
+}
+
+CCGRAPH_DECL group::lists_t group::check_mpmd(lists_t lists) {
+  CCGRAPH_CHECK(!lists.empty(), "group: an MPMD group needs at least one rank list");
+  for (auto& l : lists)
+    CCGRAPH_CHECK(l.size() == lists.front().size(), "group sizes must be identical found ",
+                  lists.front().size(), " and ", l.size());
+  std::vector<int> all;
+  for (auto& l : lists) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  CCGRAPH_CHECK(std::adjacent_find(all.begin(), all.end()) == all.end(),
+                "group: a rank appears in more than one list of ", lists_str(lists));
+  return lists;
+}
+
 }  // namespace ccgraph

@@ -112,3 +112,174 @@ CCGRAPH_DECL double bytes_of(const tensor_meta& m) {
 }  // namespace detail
 
 }  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL void calibration::add(std::string_view op, int group_size, std::int64_t bytes, double us) {
+  CCGRAPH_CHECK(!op.empty(), "calibration::add: empty op name");
+  CCGRAPH_CHECK(group_size >= 1, "calibration::add: group_size ", group_size, " for ", op, " must be >= 1");
+  CCGRAPH_CHECK(bytes >= 0, "calibration::add: negative bytes ", bytes, " for ", op);
+  CCGRAPH_CHECK(std::isfinite(us) && us >= 0, "calibration::add: time ", us, " us for ", op,
+                " must be finite and >= 0");
+  table_[key_t(std::string(op), group_size)][bytes] = us;
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL bool calibration::has(std::string_view op, int group_size) const {
+  return table_.find(key_t(std::string(op), group_size)) != table_.end();
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::size_t calibration::size() const {
+  std::size_t n = 0;
+  for (auto& [k, v] : table_) n += v.size();
+  return n;
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::vector<calibration::point> calibration::points() const {
+  std::vector<point> v;
+  for (auto& [k, pts] : table_)
+    for (auto& [b, us] : pts) v.push_back({k.first, k.second, b, us});
+  return v;
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::optional<double> calibration::interpolate(std::string_view op, int group_size, std::int64_t bytes) const {
+  auto it = table_.find(key_t(std::string(op), group_size));
+  if (it == table_.end() || it->second.empty()) return std::nullopt;
+  const auto& pts = it->second;  // bytes -> us, ascending
+  auto hi = pts.lower_bound(bytes);
+  if (hi != pts.end() && hi->first == bytes) return hi->second;
+  if (hi == pts.begin()) return hi->second;
+  if (hi == pts.end()) {
+    auto last = std::prev(pts.end());
+    double bw = 0;  // bytes per us
+    if (last != pts.begin()) {
+      auto prev = std::prev(last);
+      if (last->second > prev->second) bw = double(last->first - prev->first) / (last->second - prev->second);
+    }
+    if (bw <= 0 && last->second > 0) bw = double(last->first) / last->second;
+    if (bw <= 0) return last->second;
+    return last->second + double(bytes - last->first) / bw;
+  }
+  auto lo = std::prev(hi);
+  const double x0 = double(lo->first), x1 = double(hi->first), x = double(bytes);
+  const double y0 = lo->second, y1 = hi->second;
+  if (x0 <= 0 || y0 <= 0 || y1 <= 0) return y0 + (y1 - y0) * (x - x0) / (x1 - x0);  // no logs of 0
+  const double f = std::log(x / x0) / std::log(x1 / x0);
+  return std::exp(std::log(y0) + f * (std::log(y1) - std::log(y0)));
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL void calibration::load(std::istream& in) {
+  calibration staged = *this;
+  std::string line;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#') continue;
+    auto fields = split_csv(line);
+    auto fail = [&](const std::string& why) {
+      CCGRAPH_THROW(error, "calibration: line ", lineno, ": ", why, ": \"", line, "\"");
+    };
+    if (fields.size() != 4) fail("expected 4 fields op,group_size,bytes,us, got " + std::to_string(fields.size()));
+    if (fields[0] == "op" && fields[1] == "group_size" && fields[2] == "bytes" && fields[3] == "us") continue;
+    if (fields[0].empty()) fail("empty op name");
+    const auto g = parse_int(fields[1]);
+    if (!g || *g < 1 || *g > std::numeric_limits<int>::max()) fail("group_size must be an integer >= 1");
+    const auto b = parse_int(fields[2]);
+    if (!b || *b < 0) fail("bytes must be an integer >= 0");
+    const auto us = parse_double(fields[3]);
+    if (!us || !std::isfinite(*us) || *us < 0) fail("us must be a number >= 0");
+    staged.add(fields[0], static_cast<int>(*g), *b, *us);
+  }
+  *this = std::move(staged);
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL void calibration::save(std::ostream& out) const {
+  std::ostringstream os;
+  os.precision(17);
+  os << "op,group_size,bytes,us\n";
+  for (auto& p : points()) os << p.op << ',' << p.group_size << ',' << p.bytes << ',' << p.us << '\n';
+  out << os.str();
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::string calibration::trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return {};
+  const auto e = s.find_last_not_of(" \t");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::vector<std::string> calibration::split_csv(const std::string& line) {
+  std::vector<std::string> f;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = line.find(',', start);
+    f.push_back(trim(std::string_view(line).substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (comma == std::string::npos) return f;
+    start = comma + 1;
+  }
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::optional<std::int64_t> calibration::parse_int(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  std::size_t pos = 0;
+  try {
+    const long long v = std::stoll(s, &pos);
+    if (pos != s.size()) return std::nullopt;
+    return static_cast<std::int64_t>(v);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace ccgraph
+
+namespace ccgraph {
+
+CCGRAPH_DECL std::optional<double> calibration::parse_double(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  std::size_t pos = 0;
+  try {
+    const double v = std::stod(s, &pos);
+    if (pos != s.size()) return std::nullopt;
+    return v;
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace ccgraph
