@@ -73,7 +73,13 @@ class recomputer {
  public:
   explicit recomputer(trace_state& st) : st_(st) {
     // Regions are recorded when they end: an enclosing region comes after the ones it holds.
-    for (std::size_t r = 0; r < st.checkpoints.size(); ++r)
+    // Resharded regions first, numbered after the checkpoints: a checkpoint enclosing one
+    // takes its nodes.
+    const std::size_t nc = st.checkpoints.size();
+    for (std::size_t r = 0; r < st.reshards.size(); ++r)
+      for (const node* n : st.reshards[r]) region_[n] = nc + r;
+    first_reshard_ = nc;
+    for (std::size_t r = 0; r < nc; ++r)
       for (const node* n : st.checkpoints[r]) region_[n] = r;
   }
   /// The region `n` was recorded in (its outermost), or -1.
@@ -81,8 +87,10 @@ class recomputer {
     const auto it = region_.find(n);
     return it == region_.end() ? -1 : static_cast<std::ptrdiff_t>(it->second);
   }
-  /// `v`, or its recomputed copy when region `r` computed it.
+  /// `v`, or its recomputed copy when region `r` computed it, or when a resharded region did
+  /// (whichever rule reads it).
   value_ref read(value_ref v, std::ptrdiff_t r) {
+    if (const std::ptrdiff_t own = region_of(v.src); own >= static_cast<std::ptrdiff_t>(first_reshard_)) r = own;
     if (r < 0 || region_of(v.src) != r) return v;
     if (auto it = done_.find(v); it != done_.end()) return it->second;
     node* n = v.src;
@@ -99,6 +107,7 @@ class recomputer {
     node* c = st_.g.add(n->kind(), std::move(args), n->group(), n->name());
     for (int k = 0; k < n->num_outputs(); ++k) done_[value_ref{n, k}] = value_ref{c, k};
     if (n->is_collective()) {
+      note_collective(n->op());  // a recomputed collective is issued again: counted
       const std::vector<node*> users = n->users();
       for (node* u : users)
         if (u->is_wait()) {
@@ -117,6 +126,7 @@ class recomputer {
   };
   trace_state& st_;
   std::unordered_map<const node*, std::size_t> region_;
+  std::size_t first_reshard_ = 0;
   std::unordered_map<value_ref, value_ref, key_hash> done_;
 };
 
@@ -380,7 +390,7 @@ std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vect
     const std::string what = "a value of %" + n->name();
     visit_grad_dtype(dt, what, [&](auto tag) {
       using U = decltype(tag);
-      grad_ctx<U> c(&st, n, std::move(gout), needs, rc.region_of(n) >= 0 ? &rc : nullptr);
+      grad_ctx<U> c(&st, n, std::move(gout), needs, &rc);
       run_gradient_rule(c);
       for (std::size_t i = 0; i < needs.size(); ++i) {
         if (!needs[i]) continue;
