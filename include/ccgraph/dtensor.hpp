@@ -1,8 +1,9 @@
 // ccgraph/dtensor.hpp: DTensor for ccgraph: placements (shard, replicate, partial), dtensor<T>
 // and its redistributions over a device mesh, ops on dtensors with sharding propagation
 // (dist/ops.hpp, dist/sharding.hpp), the tensor-parallel styles and parallelize_module
-// (dist/parallel.hpp), and the collective counter. Part of <ccgraph/ccgraph.hpp>; alone it
-// serves tensors (tracing dtensors needs the tracer, which the umbrella brings).
+// (dist/parallel.hpp), FSDP's fully_shard (dist/fsdp.hpp), and the collective counter. Part of
+// <ccgraph/ccgraph.hpp>; alone it serves tensors (tracing dtensors needs the tracer, which the
+// umbrella brings).
 #pragma once
 
 #include <ccgraph/dist/dtensor.hpp>
@@ -12,3 +13,4 @@
 #include <ccgraph/dist/ops.hpp>
 #include <ccgraph/dist/sharding.hpp>
 #include <ccgraph/dist/parallel.hpp>
+#include <ccgraph/dist/fsdp.hpp>

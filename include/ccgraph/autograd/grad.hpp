@@ -18,6 +18,7 @@
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -73,7 +74,13 @@ class recomputer {
  public:
   explicit recomputer(trace_state& st) : st_(st) {
     // Regions are recorded when they end: an enclosing region comes after the ones it holds.
-    for (std::size_t r = 0; r < st.checkpoints.size(); ++r)
+    // Resharded regions first, numbered after the checkpoints: a checkpoint enclosing one
+    // takes its nodes.
+    const std::size_t nc = st.checkpoints.size();
+    for (std::size_t r = 0; r < st.reshards.size(); ++r)
+      for (const node* n : st.reshards[r]) region_[n] = nc + r;
+    first_reshard_ = nc;
+    for (std::size_t r = 0; r < nc; ++r)
       for (const node* n : st.checkpoints[r]) region_[n] = r;
   }
   /// The region `n` was recorded in (its outermost), or -1.
@@ -81,8 +88,10 @@ class recomputer {
     const auto it = region_.find(n);
     return it == region_.end() ? -1 : static_cast<std::ptrdiff_t>(it->second);
   }
-  /// `v`, or its recomputed copy when region `r` computed it.
+  /// `v`, or its recomputed copy when region `r` computed it, or when a resharded region did
+  /// (whichever rule reads it).
   value_ref read(value_ref v, std::ptrdiff_t r) {
+    if (const std::ptrdiff_t own = region_of(v.src); own >= static_cast<std::ptrdiff_t>(first_reshard_)) r = own;
     if (r < 0 || region_of(v.src) != r) return v;
     if (auto it = done_.find(v); it != done_.end()) return it->second;
     node* n = v.src;
@@ -97,16 +106,37 @@ class recomputer {
     std::vector<value_ref> args;
     for (const value_ref& a : n->args()) args.push_back(read(a, r));
     node* c = st_.g.add(n->kind(), std::move(args), n->group(), n->name());
+    copies_.push_back(c);
     for (int k = 0; k < n->num_outputs(); ++k) done_[value_ref{n, k}] = value_ref{c, k};
     if (n->is_collective()) {
       const std::vector<node*> users = n->users();
       for (node* u : users)
         if (u->is_wait()) {
           node* w = st_.g.add(u->kind(), {done_.at(u->args().at(0))}, u->group(), u->name());
+          copies_.push_back(w);
           done_[value_ref{u, 0}] = value_ref{w, 0};
         }
     }
     return done_.at(v);
+  }
+
+  /// When the backward is recorded: erases the copies nothing reads (a rule reads its inputs
+  /// whether or not the gradient it computes needs them: linear's reads w when only w's
+  /// gradient is asked for; a recomputed collective is impure, so no later pass would drop it),
+  /// latest first, except the values in `keep` (the gradients returned); then counts each
+  /// recomputed collective that stays as issued (comm_counter), since it runs again.
+  void prune(const std::vector<value_ref>& keep) {
+    std::unordered_set<const node*> kept;
+    for (const value_ref& k : keep) kept.insert(k.src);
+    for (auto it = copies_.rbegin(); it != copies_.rend(); ++it) {
+      node* c = *it;
+      if (c->users().empty() && !kept.count(c)) {
+        st_.g.erase(c);
+        continue;
+      }
+      if (c->is_collective()) note_collective(c->op());
+    }
+    copies_.clear();
   }
 
  private:
@@ -117,7 +147,9 @@ class recomputer {
   };
   trace_state& st_;
   std::unordered_map<const node*, std::size_t> region_;
+  std::size_t first_reshard_ = 0;
   std::unordered_map<value_ref, value_ref, key_hash> done_;
+  std::vector<node*> copies_;  // recorded copies, in order
 };
 
 /// What a gradient rule sees of one node: its op's inputs and outputs as traced values, the
@@ -227,10 +259,20 @@ class grad_ctx {
     const int d = normalize_dim(dim, like.shape().size(), "grad");
     const std::int64_t len = g.size(d), total = like.size(d);
     if (len == total) return g;
+    // Zeros of `k` along d, shaped from the gradient rather than from `like`, so the rule keeps
+    // no forward value alive (nor makes a resharded one be gathered again, FSDP) for a shape.
+    auto zeros = [&](std::int64_t k) {
+      if (len == 0) return filled_like(like.narrow(d, 0, k), 0.0);  // no gradient to shape it from
+      const symbolic<U> z = filled_like(g, 0.0);
+      std::vector<symbolic<U>> reps;
+      for (std::int64_t have = 0; have < k; have += len) reps.push_back(z);
+      const symbolic<U> zs = reps.size() == 1 ? z : cat(reps, d);
+      return zs.size(d) == k ? zs : zs.narrow(d, 0, k);
+    };
     std::vector<symbolic<U>> parts;
-    if (start > 0) parts.push_back(filled_like(like.narrow(d, 0, start), 0.0));
+    if (start > 0) parts.push_back(zeros(start));
     parts.push_back(g);
-    if (start + len < total) parts.push_back(filled_like(like.narrow(d, start + len, total - start - len), 0.0));
+    if (start + len < total) parts.push_back(zeros(total - start - len));
     return cat(parts, d);
   }
   /// The node, for messages.
@@ -380,7 +422,7 @@ std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vect
     const std::string what = "a value of %" + n->name();
     visit_grad_dtype(dt, what, [&](auto tag) {
       using U = decltype(tag);
-      grad_ctx<U> c(&st, n, std::move(gout), needs, rc.region_of(n) >= 0 ? &rc : nullptr);
+      grad_ctx<U> c(&st, n, std::move(gout), needs, &rc);
       run_gradient_rule(c);
       for (std::size_t i = 0; i < needs.size(); ++i) {
         if (!needs[i]) continue;
@@ -402,6 +444,7 @@ std::vector<value_ref> backprop(trace_state& st, value_ref loss, const std::vect
       }));
     }
   }
+  rc.prune(out);
   return out;
 }
 

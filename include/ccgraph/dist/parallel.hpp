@@ -294,12 +294,12 @@ struct first_param_of<boost::hana::tuple<Vs...>> : first_param<std::remove_cvref
 template <class M, bool = boost::hana::Struct<M>::value>
 struct module_local {
   using type = typename first_param_of<std::remove_cvref_t<decltype(boost::hana::members(std::declval<const M&>()))>>::type;
-  static_assert(!std::is_void_v<type>, "parallelize_module: the struct has no tensor member");
+  static_assert(!std::is_void_v<type>, "parallelize_module / fully_shard: the struct has no tensor member");
 };
 template <class M>
 struct module_local<M, false> {
   using type = typename M::mapped_type;
-  static_assert(is_param_value_v<type>, "parallelize_module: the module must be a Boost.Hana struct "
+  static_assert(is_param_value_v<type>, "parallelize_module / fully_shard: the module must be a Boost.Hana struct "
                                         "(BOOST_HANA_DEFINE_STRUCT) or a map from names to tensors");
 };
 
@@ -312,7 +312,8 @@ std::vector<std::pair<std::string, L>> named_params(const M& module) {
     boost::hana::for_each(boost::hana::accessors<M>(), [&](auto acc) {
       using V = std::remove_cvref_t<decltype(boost::hana::second(acc)(module))>;
       if constexpr (is_param_value_v<V>) {
-        static_assert(std::is_same_v<V, L>, "parallelize_module: every tensor member of the struct must have one type");
+        static_assert(std::is_same_v<V, L>,
+                      "parallelize_module / fully_shard: every tensor member of the struct must have one type");
         out.emplace_back(boost::hana::to<char const*>(boost::hana::first(acc)), boost::hana::second(acc)(module));
       }
     });

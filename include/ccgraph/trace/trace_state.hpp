@@ -48,6 +48,10 @@ struct trace_state {
   /// The nodes of each cg::checkpoint region, in recording order (autograd/checkpoint.hpp):
   /// the backward reads recomputed copies of their values.
   std::vector<std::vector<const node*>> checkpoints;
+  /// The nodes of each resharded region (FSDP's unshard, dist/fsdp.hpp): like a checkpoint
+  /// region, but every gradient rule that reads one of its values, inside or outside it, reads
+  /// a recomputed copy, so the region's values (a full parameter) live in the forward only.
+  std::vector<std::vector<const node*>> reshards;
   /// Gradient hooks, in registration order (applied in that order to one value).
   std::vector<grad_hook> grad_hooks;
 
