@@ -213,6 +213,13 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
       return cg::trace(fn, cg::input<double>(shapes[I].shape())...);
     }(std::make_index_sequence<n>{});
     CHECK(g.count("pointwise") == pointwise_per_step);
+    // every parameter and state tensor is computed straight into its input (no copy after the
+    // run): each is one pointwise node that runs after every other read of the old value
+    auto direct = cg::compile(g, ctx, {.update_inputs = updates});
+    for (const cg::input_update& u : updates) {
+      INFO("update {input ", u.input, ", output ", u.output, "}\n", cg::to_string(g));
+      CHECK(direct.exec().update_in_place(u.output));
+    }
   });
   return p;
 }

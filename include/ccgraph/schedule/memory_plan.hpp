@@ -39,6 +39,22 @@
 
 namespace ccgraph {
 
+/// A value written into a planned buffer: output `index` of the node at `position` in the
+/// order the plan was made for (`name` is its printed form, "%add" or "%arc.1").
+struct planned_value {
+  std::size_t position = 0;
+  int index = 0;
+  std::string name;
+};
+
+/// An input that a compiled graph's call updates in place: the graph's result `output` is
+/// written into the tensor passed as input `input` (see compile_options::update_inputs).
+struct input_update {
+  std::size_t input;
+  std::size_t output;
+  friend bool operator==(const input_update&, const input_update&) = default;
+};
+
 /// How cg::plan_memory plans.
 struct memory_plan_options {
   /// Every buffer starts at a multiple of this many bytes (and is rounded up to it); a power of
@@ -46,14 +62,17 @@ struct memory_plan_options {
   std::int64_t alignment = 64;
   /// Let an all_reduce write its result into an input that nothing reads afterwards.
   bool steal = true;
+  /// Results that are written into graph inputs once the graph has run (compile_options::
+  /// update_inputs). Each one that can be computed straight into its input's memory (see
+  /// detail::in_place_update_sites) gets no buffer: memory_plan::updates_in_place lists it.
+  std::vector<input_update> update_inputs{};
 };
 
-/// A value written into a planned buffer: output `index` of the node at `position` in the
-/// order the plan was made for (`name` is its printed form, "%add" or "%arc.1").
-struct planned_value {
-  std::size_t position = 0;
-  int index = 0;
-  std::string name;
+/// An updated result (memory_plan_options::update_inputs) that its node writes straight into
+/// the input's memory: output `value.index` of the node at `value.position`.
+struct planned_update {
+  planned_value value;
+  input_update update;
 };
 
 /// One block of the arena: the bytes [offset, offset + bytes) during positions [first, last].
@@ -93,6 +112,19 @@ struct memory_plan {
   std::int64_t total_bytes = 0;
   /// Number of nodes of the graph the plan was made for.
   std::size_t num_nodes = 0;
+  /// The updated results (memory_plan_options::update_inputs) computed straight into their
+  /// input's memory, by position: they have no buffer, and the executor writes them into the
+  /// tensor passed as that input (when it is contiguous; else into memory of their own, and
+  /// copies them after the run).
+  std::vector<planned_update> updates_in_place;
+
+  /// The input that output `index` of the node at `position` is written into (an entry of
+  /// updates_in_place), or null.
+  const input_update* input_written_at(std::size_t position, int index = 0) const {
+    for (const planned_update& u : updates_in_place)
+      if (u.value.position == position && u.value.index == index) return &u.update;
+    return nullptr;
+  }
 
   /// The buffer output `index` of the node at `position` is written into, or null.
   const planned_buffer* buffer_at(std::size_t position, int index = 0) const {
@@ -493,6 +525,74 @@ inline std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t p
   return peak;
 }
 
+/// For each of `updates` (memory_plan_options::update_inputs), the position of the node that
+/// can compute its result straight into the input's memory, or g.size() where the result must
+/// be computed elsewhere and copied. It can when: the result is output 0 of a pointwise node of
+/// one output (a fused expression reads and writes element i of same-shaped operands together,
+/// in blocks that read before they write) with the input's meta, the result is returned once
+/// (nothing else hands out that memory); and every read of the input's old value (through any
+/// view or wait of it, collectives until their wait, the output node to the end) ends before
+/// that node, except that node's own reads of the input itself (element i for element i; a
+/// view of the input read there could read another element, so it refuses). Out-of-range
+/// indices give g.size() (the executor reports them). O(V + E) for all updates together.
+inline std::vector<std::size_t> in_place_update_sites(const graph& g, const liveness_info& live,
+                                                      const std::vector<input_update>& updates) {
+  const auto& nodes = g.nodes();
+  const std::size_t n = nodes.size();
+  std::vector<std::size_t> site(updates.size(), n);
+  const node* out = g.output_node();
+  if (!out || updates.empty()) return site;
+  const std::vector<node*> inputs = g.placeholders();
+  // Per position: the input whose memory output 0 is (the placeholder, views and waits of
+  // it, transitively), or -1. A view_or_copy that copies counts too (its read is then
+  // counted until its readers' ends: later than needed, never earlier).
+  std::vector<int> root(n, -1);
+  for (std::size_t p = 0; p < n; ++p) {
+    const node* nd = nodes[p];
+    if (const auto* ph = std::get_if<ops::placeholder>(&nd->kind())) {
+      root[p] = ph->index;
+    } else if (aliases_input(*nd) && !nd->args().empty() && nd->args()[0].index == 0) {
+      root[p] = root[g.position(nd->args()[0].src)];
+    }
+  }
+  // Per input: the last position reading its old value other than through a direct read of
+  // the placeholder by a pointwise node, and the nodes reading it directly.
+  const std::size_t none = n;
+  std::vector<std::size_t> last_other(inputs.size(), none);
+  auto later = [&](std::size_t& at, std::size_t e) { at = at == none ? e : std::max(at, e); };
+  for (std::size_t p = 0; p < n; ++p) {
+    const int r = root[p];
+    if (r < 0 || static_cast<std::size_t>(r) >= inputs.size()) continue;
+    const bool is_placeholder = nodes[p] == inputs[static_cast<std::size_t>(r)];
+    for (const node* rd : live.readers(p, 0)) {
+      if (is_placeholder && category_of(rd->kind()) == op_category::pointwise) continue;  // checked per site
+      later(last_other[static_cast<std::size_t>(r)], live.read_end(rd));
+    }
+  }
+  for (std::size_t a = 0; a < updates.size(); ++a) {
+    const input_update& u = updates[a];
+    if (u.input >= inputs.size() || u.output >= out->args().size()) continue;
+    const value_ref res = out->args()[u.output];
+    const node* nd = res.src;
+    const node* ph = inputs[u.input];
+    if (category_of(nd->kind()) != op_category::pointwise || nd->num_outputs() != 1) continue;
+    if (nd->meta(0) != ph->meta()) continue;
+    if (std::count(out->args().begin(), out->args().end(), res) != 1) continue;
+    const std::size_t p = g.position(nd);
+    // Every other read of the old value ends before p.
+    if (last_other[u.input] != none && last_other[u.input] >= p) continue;
+    // Direct reads of the placeholder by pointwise nodes: each before p, or p itself.
+    bool ok = true;
+    for (const node* rd : live.readers(g.position(ph), 0))
+      if (category_of(rd->kind()) == op_category::pointwise && rd != nd && live.read_end(rd) >= p) ok = false;
+    // p reads no view of the input (another element than its own).
+    for (const value_ref& x : nd->args())
+      if (x.src != ph && root[g.position(x.src)] == static_cast<int>(u.input)) ok = false;
+    if (ok) site[a] = p;
+  }
+  return site;
+}
+
 /// A value that allocates bytes (plan_values): the value, its meta, the buffer it is written
 /// into, and its aliases (itself first, then the views and waits of it, in order).
 struct planned_producer {
@@ -578,6 +678,15 @@ inline value_plan plan_values(const graph& g, const liveness_info& live, const m
     return id;
   };
 
+  // Updated results computed straight into their inputs: the caller's memory, like the
+  // inputs themselves (no buffer; views of them are never planned either).
+  std::vector<int> update_at(n, -1);
+  {
+    const std::vector<std::size_t> sites = in_place_update_sites(g, live, opt.update_inputs);
+    for (std::size_t a = 0; a < sites.size(); ++a)
+      if (sites[a] < n) update_at[sites[a]] = static_cast<int>(a);
+  }
+
   for (std::size_t p = 0; p < n; ++p) {
     const node* nd = nodes[p];
     const auto outs = static_cast<std::size_t>(nd->num_outputs());
@@ -585,6 +694,11 @@ inline value_plan plan_values(const graph& g, const liveness_info& live, const m
     plan.buffer_of[p].assign(outs, -1);
     layout_of[p].assign(outs, detail::layout(nullptr, {0}, {1}, 0));
     if (aliasing_of(nd->kind()) == alias_kind::external || outs == 0) continue;
+    if (update_at[p] >= 0) {
+      plan.updates_in_place.push_back({{p, 0, detail::ref_str({const_cast<node*>(nd), 0})},
+                                       opt.update_inputs[static_cast<std::size_t>(update_at[p])]});
+      continue;
+    }
     if (detail::aliases_input(*nd)) {
       const value_ref in = nd->args().at(0);
       const std::size_t q = g.position(in.src);
@@ -835,8 +949,8 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
           return fail();
         }
         own[p][static_cast<std::size_t>(k)] = {b, idx};
-      } else if (aliasing_of(nd->kind()) == alias_kind::external) {
-        // the caller's memory
+      } else if (aliasing_of(nd->kind()) == alias_kind::external || input_written_at(p, k)) {
+        // the caller's memory (an input, or an updated result written into its input)
       } else if (detail::aliases_input(*nd)) {
         const value_ref in = nd->args().at(0);
         own[p][static_cast<std::size_t>(k)] = own[g.position(in.src)][static_cast<std::size_t>(in.index)];
@@ -847,6 +961,16 @@ inline bool memory_plan::check(const graph& g, std::string* why) const {
       const owner o = own[p][static_cast<std::size_t>(k)];
       if (o.buffer >= 0)
         aliases[static_cast<std::size_t>(o.buffer)][static_cast<std::size_t>(o.value)].push_back({const_cast<node*>(nd), k});
+    }
+  }
+  // Each result written into an input is one the rule allows there (all old reads end before).
+  for (const planned_update& u : updates_in_place) {
+    const std::vector<std::size_t> site = detail::in_place_update_sites(g, live, {u.update});
+    if (u.value.position >= n || site[0] != u.value.position || u.value.index != 0) {
+      err << u.value.name << " is written into input " << u.update.input << " (result " << u.update.output
+          << ") at " << u.value.position << ", but that input's old value is read then or later, or the result is "
+          << "not computed there by one pointwise node";
+      return fail();
     }
   }
   // Each value's lifetime lies in its buffer's interval; a value handed on to an in-place
@@ -953,6 +1077,9 @@ inline std::string to_string(const memory_plan& p) {
       os << "  buf" << b << "  " << buf.values[i].name << "  in place, stolen from "
          << buf.values[i - 1].name << '\n';
   }
+  for (const planned_update& u : p.updates_in_place)
+    os << "  " << u.value.name << "  written into input " << u.update.input << " (result " << u.update.output
+       << ")\n";
   return os.str();
 }
 
