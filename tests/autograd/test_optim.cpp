@@ -281,6 +281,19 @@ void check_data_parallel(const Opt& o, bool in_place = false) {
         return w;
       }(), 1e-12);
     }
+    if (in_place) {
+      // the scheduled step (overlap passes) writes every parameter and state tensor straight
+      // into its input: each update runs after every other read of the old value
+      std::vector<cg::shape_t> shapes{x.shape(), y.shape()};
+      for (const T& t : p) shapes.push_back(t.shape());
+      for (const T& t : st) shapes.push_back(t.shape());
+      const auto* c = cf.compiled_for(shapes);
+      REQUIRE(c != nullptr);
+      for (std::size_t k = 1; k < 5 + StateTensors; ++k) {
+        INFO("result ", k);
+        CHECK(c->exec().update_in_place(k));
+      }
+    }
   });
 }
 

@@ -575,8 +575,9 @@ TEST_CASE("memory_plan.update_inputs.written_into_the_input_after_every_old_read
   // p's new value is one pointwise node after every other read of the old p: written into p.
   // q's is read-after: q + 1 comes before sum(q). r's node reads a transposed view of r (another
   // element than the one it writes). s's old value is returned too (the output node reads it
-  // to the end). u's update reads a view of u taken before and read after it.
-  auto g = cg::trace([](auto p, auto q, auto r, auto s, auto u) {
+  // to the end). u's update reads a view of u taken before and read after it. A view of w's
+  // new value is returned too (it would hand out w's memory).
+  auto g = cg::trace([](auto p, auto q, auto r, auto s, auto u, auto w) {
     using V = decltype(p);
     const V ps = cg::sum(p);
     const V pn = p * 0.5f + 1.f;
@@ -587,10 +588,11 @@ TEST_CASE("memory_plan.update_inputs.written_into_the_input_after_every_old_read
     const auto uv = u.reshape({4});
     const V un = u - 1.f;
     const V us = cg::sum(uv);
-    return std::vector<V>{pn, qn, rn, sn, un, ps, qs, s, us};
+    const V wn = w * 3.f;
+    return std::vector<V>{pn, qn, rn, sn, un, wn, ps, qs, s, us, wn.reshape({4})};
   }, cg::input<float>({2, 2}), cg::input<float>({2, 2}), cg::input<float>({2, 2}), cg::input<float>({2, 2}),
-     cg::input<float>({2, 2}));
-  const std::vector<cg::input_update> updates = cg::update_inputs_range(0, 0, 5);
+     cg::input<float>({2, 2}), cg::input<float>({2, 2}));
+  const std::vector<cg::input_update> updates = cg::update_inputs_range(0, 0, 6);
   const auto p = cg::plan_memory(g, {.update_inputs = updates});
   CHECK(plan_ok(p, g));
   REQUIRE(p.updates_in_place.size() == 1);
@@ -599,7 +601,7 @@ TEST_CASE("memory_plan.update_inputs.written_into_the_input_after_every_old_read
   CHECK(p.buffer_at(result_pos(g, 0)) == nullptr);  // p's memory, no buffer of its own
   REQUIRE(p.input_written_at(result_pos(g, 0)) != nullptr);
   CHECK(p.input_written_at(result_pos(g, 0))->input == 0);
-  for (std::size_t k = 1; k < 5; ++k) {
+  for (std::size_t k = 1; k < 6; ++k) {
     INFO("result ", k);
     CHECK(p.buffer_at(result_pos(g, k)) != nullptr);
     CHECK(p.input_written_at(result_pos(g, k)) == nullptr);
@@ -614,7 +616,7 @@ TEST_CASE("memory_plan.update_inputs.written_into_the_input_after_every_old_read
   // The rule, update by update.
   const cg::detail::liveness_info live(g);
   const auto sites = cg::detail::in_place_update_sites(g, live, updates);
-  CHECK(sites == std::vector<std::size_t>{result_pos(g, 0), g.size(), g.size(), g.size(), g.size()});
+  CHECK(sites == std::vector<std::size_t>{result_pos(g, 0), g.size(), g.size(), g.size(), g.size(), g.size()});
   // check() refuses a plan that writes q's new value into q while sum(q) still reads the old q.
   auto bad = p;
   bad.updates_in_place.push_back({{result_pos(g, 1), 0, "%qn"}, {1, 1}});
@@ -628,17 +630,19 @@ TEST_CASE("memory_plan.update_inputs.written_into_the_input_after_every_old_read
       INFO("memory_plan ", planned);
       auto step = cg::compile(g, ctx, {.memory_plan = planned, .update_inputs = updates});
       CHECK(step.exec().update_in_place(0));
-      for (std::size_t k = 1; k < 5; ++k) CHECK_FALSE(step.exec().update_in_place(k));
+      for (std::size_t k = 1; k < 6; ++k) CHECK_FALSE(step.exec().update_in_place(k));
       std::vector<cg::tensor<float>> in;
-      for (int i = 0; i < 5; ++i) in.push_back(cg::tensor<float>::from({1.f + i, 2.f, 3.f, 4.f - i}, {2, 2}));
-      const auto out = step(in[0], in[1], in[2], in[3], in[4]);
+      for (int i = 0; i < 6; ++i) in.push_back(cg::tensor<float>::from({1.f + i, 2.f, 3.f, 4.f - i}, {2, 2}));
+      const auto out = step(in[0], in[1], in[2], in[3], in[4], in[5]);
       CHECK(in[0].to_vector() == std::vector<float>{1.5f, 2, 2.5f, 3});
       CHECK(in[1].to_vector() == std::vector<float>{3, 3, 4, 4});
       CHECK(in[2].to_vector() == std::vector<float>{6, 5, 5, 4});
       CHECK(in[3].to_vector() == std::vector<float>{8, 4, 6, 2});
       CHECK(in[4].to_vector() == std::vector<float>{4, 1, 2, -1});
-      CHECK(out[5].to_vector() == std::vector<float>{10});  // old p
-      CHECK(out[6].to_vector() == std::vector<float>{10});  // old q
-      CHECK(out[8].to_vector() == std::vector<float>{10});  // old u, through its view
+      CHECK(in[5].to_vector() == std::vector<float>{18, 6, 9, -3});
+      CHECK(out[6].to_vector() == std::vector<float>{10});  // old p
+      CHECK(out[7].to_vector() == std::vector<float>{10});  // old q
+      CHECK(out[9].to_vector() == std::vector<float>{10});  // old u, through its view
+      CHECK(out[10].to_vector() == std::vector<float>{18, 6, 9, -3});
     });
 }

@@ -529,12 +529,13 @@ inline std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t p
 /// can compute its result straight into the input's memory, or g.size() where the result must
 /// be computed elsewhere and copied. It can when: the result is output 0 of a pointwise node of
 /// one output (a fused expression reads and writes element i of same-shaped operands together,
-/// in blocks that read before they write) with the input's meta, the result is returned once
-/// (nothing else hands out that memory); and every read of the input's old value (through any
-/// view or wait of it, collectives until their wait, the output node to the end) ends before
-/// that node, except that node's own reads of the input itself (element i for element i; a
-/// view of the input read there could read another element, so it refuses). Out-of-range
-/// indices give g.size() (the executor reports them). O(V + E) for all updates together.
+/// in blocks that read before they write) with the input's meta; the result is returned once
+/// and no view of it is returned (nothing else hands out that memory); and every read of the
+/// input's old value (through any view or wait of it, collectives until their wait, the output
+/// node to the end) ends before that node, except that node's own reads of the input itself
+/// (element i for element i; a view of the input read there could read another element, so it
+/// refuses). Out-of-range indices give g.size() (the executor reports them). O(V + E) for all
+/// updates together.
 inline std::vector<std::size_t> in_place_update_sites(const graph& g, const liveness_info& live,
                                                       const std::vector<input_update>& updates) {
   const auto& nodes = g.nodes();
@@ -544,17 +545,25 @@ inline std::vector<std::size_t> in_place_update_sites(const graph& g, const live
   if (!out || updates.empty()) return site;
   const std::vector<node*> inputs = g.placeholders();
   // Per position: the input whose memory output 0 is (the placeholder, views and waits of
-  // it, transitively), or -1. A view_or_copy that copies counts too (its read is then
-  // counted until its readers' ends: later than needed, never earlier).
+  // it, transitively), or -1, and the node whose output 0 it is a view or wait of (itself
+  // otherwise). A view_or_copy that copies counts as a view (its read is then counted until
+  // its readers' ends: later than needed, never earlier).
   std::vector<int> root(n, -1);
+  std::vector<std::size_t> base(n);
   for (std::size_t p = 0; p < n; ++p) {
     const node* nd = nodes[p];
+    base[p] = p;
     if (const auto* ph = std::get_if<ops::placeholder>(&nd->kind())) {
       root[p] = ph->index;
     } else if (aliases_input(*nd) && !nd->args().empty() && nd->args()[0].index == 0) {
       root[p] = root[g.position(nd->args()[0].src)];
+      base[p] = base[g.position(nd->args()[0].src)];
     }
   }
+  // Per position: how many results are its output 0 or a view or wait of it.
+  std::vector<int> returned(n, 0);
+  for (const value_ref& x : out->args())
+    if (x.index == 0) ++returned[base[g.position(x.src)]];
   // Per input: the last position reading its old value other than through a direct read of
   // the placeholder by a pointwise node, and the nodes reading it directly.
   const std::size_t none = n;
@@ -577,8 +586,9 @@ inline std::vector<std::size_t> in_place_update_sites(const graph& g, const live
     const node* ph = inputs[u.input];
     if (category_of(nd->kind()) != op_category::pointwise || nd->num_outputs() != 1) continue;
     if (nd->meta(0) != ph->meta()) continue;
-    if (std::count(out->args().begin(), out->args().end(), res) != 1) continue;
     const std::size_t p = g.position(nd);
+    // Returned once, and no view of it returned (it would hand out the input's memory).
+    if (returned[p] != 1) continue;
     // Every other read of the old value ends before p.
     if (last_other[u.input] != none && last_other[u.input] >= p) continue;
     // Direct reads of the placeholder by pointwise nodes: each before p, or p itself.
