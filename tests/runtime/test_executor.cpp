@@ -332,28 +332,23 @@ TEST_CASE("executor.update_inputs.in_place_after_every_old_read") {
 }
 
 TEST_CASE("executor.update_inputs.old_value_read_by_a_collective_until_its_wait") {
-  // p's all_reduce reads p on the communication worker until its wait, after the update: the
-  // update must not be written into p (the sum would see new values); before it, it may.
-  auto late = [](auto p, auto g) {
+  // p's all_reduce reads p on the communication worker until its wait. Traced, the wait follows
+  // the all_reduce at once, so p - g may be written into p; with the wait sunk below p - g
+  // (sink_waits), the all_reduce still reads p there: p - g is computed apart and copied in.
+  auto fn = [](auto p, auto g) {
     using V = decltype(p);
     auto ar = cg::all_reduce(p, "sum", cg::group{std::vector<int>{0, 1}});
     const V pn = p - g;
     return std::vector<V>{pn, cg::wait_tensor(ar)};
   };
-  auto early = [](auto p, auto g) {
-    using V = decltype(p);
-    const V sum = cg::wait_tensor(cg::all_reduce(p, "sum", cg::group{std::vector<int>{0, 1}}));
-    const V pn = p - g;
-    return std::vector<V>{pn, sum};
-  };
-  for (const bool is_early : {false, true}) {
-    auto tg = is_early ? cg::trace(cg::trace_options{.world_size = 2}, early, cg::input<float>({4}), cg::input<float>({4}))
-                       : cg::trace(cg::trace_options{.world_size = 2}, late, cg::input<float>({4}), cg::input<float>({4}));
+  const auto traced = cg::trace(cg::trace_options{.world_size = 2}, fn, cg::input<float>({4}), cg::input<float>({4}));
+  for (const bool sunk : {false, true}) {
+    const auto tg = sunk ? cg::schedule(traced, {"sink_waits"}) : traced;
     for (const bool plan : {true, false})
       cg::run_threads(2, [&](cg::rank_context& ctx) {
-        INFO("early ", is_early, ", memory_plan ", plan);
+        INFO("sunk ", sunk, ", memory_plan ", plan, "\n", cg::to_string(tg));
         auto step = cg::compile(tg, ctx, {.memory_plan = plan, .update_inputs = {{0, 0}}});
-        CHECK(step.exec().update_in_place(0) == is_early);
+        CHECK(step.exec().update_in_place(0) == !sunk);
         const float r = float(ctx.rank());
         auto p = cg::tensor<float>::from({1 + r, 2 + r, 3 + r, 4 + r}, {4});
         const auto g = cg::tensor<float>::from({1, 1, 1, 1}, {4});
