@@ -213,6 +213,13 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
       return cg::trace(fn, cg::input<double>(shapes[I].shape())...);
     }(std::make_index_sequence<n>{});
     CHECK(g.count("pointwise") == pointwise_per_step);
+    // every parameter and state tensor is computed straight into its input (no copy after the
+    // run): each is one pointwise node that runs after every other read of the old value
+    auto direct = cg::compile(g, ctx, {.update_inputs = updates});
+    for (const cg::input_update& u : updates) {
+      INFO("update {input ", u.input, ", output ", u.output, "}\n", cg::to_string(g));
+      CHECK(direct.exec().update_in_place(u.output));
+    }
   });
   return p;
 }
@@ -273,6 +280,19 @@ void check_data_parallel(const Opt& o, bool in_place = false) {
         for (const T& t : ref_params[static_cast<std::size_t>(s)]) w.push_back(t.to_vector());
         return w;
       }(), 1e-12);
+    }
+    if (in_place) {
+      // the scheduled step (overlap passes) writes every parameter and state tensor straight
+      // into its input: each update runs after every other read of the old value
+      std::vector<cg::shape_t> shapes{x.shape(), y.shape()};
+      for (const T& t : p) shapes.push_back(t.shape());
+      for (const T& t : st) shapes.push_back(t.shape());
+      const auto* c = cf.compiled_for(shapes);
+      REQUIRE(c != nullptr);
+      for (std::size_t k = 1; k < 5 + StateTensors; ++k) {
+        INFO("result ", k);
+        CHECK(c->exec().update_in_place(k));
+      }
     }
   });
 }

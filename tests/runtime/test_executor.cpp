@@ -258,3 +258,107 @@ TEST_CASE("executor.update_inputs.errors") {
     CHECK(q.to_vector() == std::vector<float>{3, 4});
   });
 }
+
+namespace executor_in_place_test {
+
+/// p (input 0) becomes p * 0.5 + g after sum(p) has read it: one pointwise node after every
+/// other read of the old p, so it is written straight into p. q (input 1) becomes q + 1 but
+/// sum(q) reads the old q afterwards: q's new value is computed apart and copied in.
+inline auto step_fn = [](auto p, auto q, auto g) {
+  using V = decltype(p);
+  const V s = cg::sum(p);
+  const V pn = p * 0.5f + g;
+  const V qn = q + 1.f;
+  const V t = cg::sum(q);
+  return std::vector<V>{pn, qn, s, t};
+};
+
+inline float total(const std::vector<float>& v) {
+  float s = 0;
+  for (float x : v) s += x;
+  return s;
+}
+
+}  // namespace executor_in_place_test
+
+TEST_CASE("executor.update_inputs.in_place_after_every_old_read") {
+  using namespace executor_in_place_test;
+  auto tg = cg::trace(step_fn, cg::input<float>({2, 3}), cg::input<float>({2, 3}), cg::input<float>({2, 3}));
+  const std::vector<cg::input_update> updates{{0, 0}, {1, 1}};
+  for (const bool plan : {true, false})
+    ccgraph_test::run(1, [&](cg::rank_context& ctx) {
+      INFO("memory_plan ", plan);
+      auto step = cg::compile(tg, ctx, {.memory_plan = plan, .update_inputs = updates});
+      CHECK(step.exec().update_in_place(0));
+      CHECK_FALSE(step.exec().update_in_place(1));  // sum(q) reads the old q after q + 1
+      CHECK_FALSE(step.exec().update_in_place(2));  // not an updated result
+      const auto g = cg::tensor<float>::from({2, 4, 6, 8, 10, 12}, {2, 3});
+      // contiguous p: the node writes p itself (the interpreter's own result is p's memory)
+      {
+        auto p = cg::tensor<float>::from({1, 2, 3, 4, 5, 6}, {2, 3});
+        auto q = cg::tensor<float>::from({0, 0, 0, 1, 1, 1}, {2, 3});
+        std::vector<float> want_p = p.to_vector(), want_q = q.to_vector();
+        for (int s = 0; s < 3; ++s) {
+          const float old_p = total(want_p), old_q = total(want_q);
+          const auto out = step(p, q, g);
+          for (std::size_t i = 0; i < 6; ++i) {
+            want_p[i] = want_p[i] * 0.5f + float(2 * (i + 1));
+            want_q[i] += 1.f;
+          }
+          CHECK(out[0].data() == p.data());
+          CHECK(out[1].data() == q.data());
+          CHECK(p.to_vector() == want_p);
+          CHECK(q.to_vector() == want_q);
+          CHECK(out[2].to_vector() == std::vector<float>{old_p});  // read before the write
+          CHECK(out[3].to_vector() == std::vector<float>{old_q});  // read after q + 1: the old q
+        }
+        const auto direct = step.exec().interpret({p, q, g});
+        CHECK(cg::get_tensor<float>(direct[0], "test").data() == p.data());
+        CHECK(cg::get_tensor<float>(direct[1], "test").data() != q.data());
+      }
+      // a non-contiguous p (a transposed view): computed apart and copied in, the same values
+      {
+        auto base = cg::tensor<float>::from({1, 4, 2, 5, 3, 6}, {3, 2});
+        auto p = base.transpose(0, 1);  // {{1, 2, 3}, {4, 5, 6}}
+        auto q = cg::tensor<float>::from({0, 0, 0, 1, 1, 1}, {2, 3});
+        const auto out = step(p, q, g);
+        CHECK(p.to_vector() == std::vector<float>{2.5f, 5, 7.5f, 10, 12.5f, 15});
+        CHECK(base.to_vector() == std::vector<float>{2.5f, 10, 5, 12.5f, 7.5f, 15});
+        CHECK(out[2].to_vector() == std::vector<float>{21});
+        const auto direct = step.exec().interpret({p, q, g});
+        CHECK(cg::get_tensor<float>(direct[0], "test").data() != p.data());
+      }
+    });
+}
+
+TEST_CASE("executor.update_inputs.old_value_read_by_a_collective_until_its_wait") {
+  // p's all_reduce reads p on the communication worker until its wait. Traced, the wait follows
+  // the all_reduce at once, so p - g may be written into p; with the wait sunk below p - g
+  // (sink_waits), the all_reduce still reads p there: p - g is computed apart and copied in.
+  auto fn = [](auto p, auto g) {
+    using V = decltype(p);
+    auto ar = cg::all_reduce(p, "sum", cg::group{std::vector<int>{0, 1}});
+    const V pn = p - g;
+    return std::vector<V>{pn, cg::wait_tensor(ar)};
+  };
+  const auto traced = cg::trace(cg::trace_options{.world_size = 2}, fn, cg::input<float>({4}), cg::input<float>({4}));
+  for (const bool sunk : {false, true}) {
+    const auto tg = sunk ? cg::schedule(traced, {"sink_waits"}) : traced;
+    for (const bool plan : {true, false})
+      cg::run_threads(2, [&](cg::rank_context& ctx) {
+        INFO("sunk ", sunk, ", memory_plan ", plan, "\n", cg::to_string(tg));
+        auto step = cg::compile(tg, ctx, {.memory_plan = plan, .update_inputs = {{0, 0}}});
+        CHECK(step.exec().update_in_place(0) == !sunk);
+        const float r = float(ctx.rank());
+        auto p = cg::tensor<float>::from({1 + r, 2 + r, 3 + r, 4 + r}, {4});
+        const auto g = cg::tensor<float>::from({1, 1, 1, 1}, {4});
+        for (int s = 0; s < 2; ++s) {
+          const auto out = step(p, g);
+          const float sf = float(s);
+          // the sum of both ranks' old p: (1 + 2 + ...) each element, less 2 per finished step
+          CHECK(out[1].to_vector() == std::vector<float>{3 - 2 * sf, 5 - 2 * sf, 7 - 2 * sf, 9 - 2 * sf});
+          CHECK(p.to_vector() == std::vector<float>{r - sf, 1 + r - sf, 2 + r - sf, 3 + r - sf});
+        }
+      });
+  }
+}

@@ -562,3 +562,87 @@ TEST_CASE("memory_plan.benchmark_graphs.arena_at_live_peak") {
       CHECK(p.arena_bytes == p.live_peak_bytes);
     }
 }
+
+namespace memory_plan_update_test {
+
+/// The position of the node computing result k of `g`.
+inline std::size_t result_pos(const cg::graph& g, std::size_t k) { return g.position(g.output_node()->args().at(k).src); }
+
+}  // namespace memory_plan_update_test
+
+TEST_CASE("memory_plan.update_inputs.written_into_the_input_after_every_old_read") {
+  using memory_plan_update_test::result_pos;
+  // p's new value is one pointwise node after every other read of the old p: written into p.
+  // q's is read-after: q + 1 comes before sum(q). r's node reads a transposed view of r (another
+  // element than the one it writes). s's old value is returned too (the output node reads it
+  // to the end). u's update reads a view of u taken before and read after it. A view of w's
+  // new value is returned too (it would hand out w's memory).
+  auto g = cg::trace([](auto p, auto q, auto r, auto s, auto u, auto w) {
+    using V = decltype(p);
+    const V ps = cg::sum(p);
+    const V pn = p * 0.5f + 1.f;
+    const V qn = q + 1.f;
+    const V qs = cg::sum(q);
+    const V rn = r + r.transpose(0, 1);
+    const V sn = s * 2.f;
+    const auto uv = u.reshape({4});
+    const V un = u - 1.f;
+    const V us = cg::sum(uv);
+    const V wn = w * 3.f;
+    return std::vector<V>{pn, qn, rn, sn, un, wn, ps, qs, s, us, wn.reshape({4})};
+  }, cg::input<float>({2, 2}), cg::input<float>({2, 2}), cg::input<float>({2, 2}), cg::input<float>({2, 2}),
+     cg::input<float>({2, 2}), cg::input<float>({2, 2}));
+  const std::vector<cg::input_update> updates = cg::update_inputs_range(0, 0, 6);
+  const auto p = cg::plan_memory(g, {.update_inputs = updates});
+  CHECK(plan_ok(p, g));
+  REQUIRE(p.updates_in_place.size() == 1);
+  CHECK(p.updates_in_place[0].update == cg::input_update{0, 0});
+  CHECK(p.updates_in_place[0].value.position == result_pos(g, 0));
+  CHECK(p.buffer_at(result_pos(g, 0)) == nullptr);  // p's memory, no buffer of its own
+  REQUIRE(p.input_written_at(result_pos(g, 0)) != nullptr);
+  CHECK(p.input_written_at(result_pos(g, 0))->input == 0);
+  for (std::size_t k = 1; k < 6; ++k) {
+    INFO("result ", k);
+    CHECK(p.buffer_at(result_pos(g, k)) != nullptr);
+    CHECK(p.input_written_at(result_pos(g, k)) == nullptr);
+  }
+  CHECK(contains(cg::to_string(p), "written into input 0 (result 0)"));
+  // Without update_inputs the same value has a buffer, and the arena is larger by it.
+  const auto plain = cg::plan_memory(g);
+  CHECK(plan_ok(plain, g));
+  CHECK(plain.updates_in_place.empty());
+  CHECK(plain.buffer_at(result_pos(g, 0)) != nullptr);
+  CHECK(plain.total_bytes == p.total_bytes + 64);
+  // The rule, update by update.
+  const cg::detail::liveness_info live(g);
+  const auto sites = cg::detail::in_place_update_sites(g, live, updates);
+  CHECK(sites == std::vector<std::size_t>{result_pos(g, 0), g.size(), g.size(), g.size(), g.size(), g.size()});
+  // check() refuses a plan that writes q's new value into q while sum(q) still reads the old q.
+  auto bad = p;
+  bad.updates_in_place.push_back({{result_pos(g, 1), 0, "%qn"}, {1, 1}});
+  std::string why;
+  CHECK_FALSE(bad.check(g, &why));
+  CHECK(contains(why, "is written into input 1 (result 1)"));
+
+  // Run: every old-value reader sees the old value, memory plan on or off, bit for bit.
+  for (const bool planned : {true, false})
+    ccgraph_test::run(1, [&](cg::rank_context& ctx) {
+      INFO("memory_plan ", planned);
+      auto step = cg::compile(g, ctx, {.memory_plan = planned, .update_inputs = updates});
+      CHECK(step.exec().update_in_place(0));
+      for (std::size_t k = 1; k < 6; ++k) CHECK_FALSE(step.exec().update_in_place(k));
+      std::vector<cg::tensor<float>> in;
+      for (int i = 0; i < 6; ++i) in.push_back(cg::tensor<float>::from({1.f + i, 2.f, 3.f, 4.f - i}, {2, 2}));
+      const auto out = step(in[0], in[1], in[2], in[3], in[4], in[5]);
+      CHECK(in[0].to_vector() == std::vector<float>{1.5f, 2, 2.5f, 3});
+      CHECK(in[1].to_vector() == std::vector<float>{3, 3, 4, 4});
+      CHECK(in[2].to_vector() == std::vector<float>{6, 5, 5, 4});
+      CHECK(in[3].to_vector() == std::vector<float>{8, 4, 6, 2});
+      CHECK(in[4].to_vector() == std::vector<float>{4, 1, 2, -1});
+      CHECK(in[5].to_vector() == std::vector<float>{18, 6, 9, -3});
+      CHECK(out[6].to_vector() == std::vector<float>{10});  // old p
+      CHECK(out[7].to_vector() == std::vector<float>{10});  // old q
+      CHECK(out[9].to_vector() == std::vector<float>{10});  // old u, through its view
+      CHECK(out[10].to_vector() == std::vector<float>{18, 6, 9, -3});
+    });
+}

@@ -32,13 +32,7 @@
 
 namespace ccgraph {
 
-/// An input that a compiled graph's call updates in place: the graph's result `output` is
-/// written into the tensor passed as input `input` (see compile_options::update_inputs).
-struct input_update {
-  std::size_t input;
-  std::size_t output;
-  friend bool operator==(const input_update&, const input_update&) = default;
-};
+// input_update: schedule/memory_plan.hpp (the planner places updated results too).
 
 /// {first_input + j, first_output + j} for j < count: parameters and optimizer state passed in
 /// and returned in the same order, the layout of a traced training step.
@@ -76,6 +70,10 @@ struct compile_options {
   /// same tensors on every call and nothing else is copied. A call refuses, before running,
   /// an updated tensor whose elements share memory or that overlaps another input; with
   /// pending_outputs, a call that updates inputs waits for its results before writing.
+  /// No copy where none is needed: a result that one pointwise node computes, after every
+  /// other read of the input's old value, is written by that node straight into the input's
+  /// tensor when the tensor passed is contiguous (memory_plan::updates_in_place; the same with
+  /// memory_plan off); readers of the old value still see it, as they all ran before.
   std::vector<input_update> update_inputs{};
 };
 
@@ -184,9 +182,31 @@ class basic_executor {
     if (cuda_graph_) captured_ = std::make_shared<std::shared_ptr<detail::captured_graph>>();
     // A recorded CUDA Graph runs in the plan's arena, so it holds no allocation nodes.
     if (opt.memory_plan) {
-      plan_ = plan_memory(g_);
+      plan_ = plan_memory(g_, memory_plan_options{.update_inputs = updates_});
       cache_ = std::make_shared<detail::arena_cache>();
     }
+    // Which node writes which updated input in place: the plan's decision, or (without a
+    // plan) the same rule.
+    write_into_.assign(nodes.size(), -1);
+    if (plan_) {
+      for (const planned_update& u : plan_->updates_in_place)
+        write_into_[u.value.position] = static_cast<int>(u.update.input);
+    } else {
+      const detail::liveness_info live(g_);
+      const std::vector<std::size_t> sites = detail::in_place_update_sites(g_, live, updates_);
+      for (std::size_t a = 0; a < sites.size(); ++a)
+        if (sites[a] < nodes.size()) write_into_[sites[a]] = static_cast<int>(updates_[a].input);
+    }
+  }
+
+  /// True when result `k`, which compile_options::update_inputs writes into an input, is
+  /// computed straight into that input's tensor (no copy) whenever the tensor passed is
+  /// contiguous; false when it is copied there after the run (or is not an updated result).
+  bool update_in_place(std::size_t k) const {
+    const node* out = g_.output_node();
+    if (!out || k >= out->args().size() || !is_update_output(k)) return false;
+    const std::size_t p = g_.position(out->args()[k].src);
+    return p < write_into_.size() && write_into_[p] >= 0;
   }
 
   /// The graph being run (with compile_options::pending_outputs, without the waits of the
@@ -382,7 +402,8 @@ class basic_executor {
     // reading an input this is about to overwrite: such calls wait for their results.
     for (const any_tensor& r : results) ::ccgraph::detail::visit([](const auto& x) { x.wait(); }, r);
     for (const input_update& u : updates_) {
-      detail::copy_any(targets[u.input], results[u.output]);
+      // Computed straight into the input (write_into_): nothing to copy.
+      if (!same_tensor(results[u.output], targets[u.input])) detail::copy_any(targets[u.input], results[u.output]);
       results[u.output] = targets[u.input];
     }
     return results;
@@ -454,7 +475,9 @@ class basic_executor {
 
  public:
   /// Runs the graph node by node (the interpreter; what a CUDA Graph records).
-  /// `fixed_arena`: run in this arena instead of the reused one (a CUDA Graph's own).
+  /// `fixed_arena`: run in this arena instead of the reused one (a CUDA Graph's own). An
+  /// updated result computed in place (update_in_place) is written into its tensor of `inputs`
+  /// here already; run() then copies only the others.
   std::vector<any_tensor> interpret(const std::vector<any_tensor>& inputs,
                                     std::shared_ptr<detail::storage> fixed_arena = nullptr) const {
     const auto& nodes = g_.nodes();
@@ -485,6 +508,15 @@ class basic_executor {
             }
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
           }
+      if (write_into_[i] >= 0) {
+        // An updated result computed straight into its input's tensor, when that is one dense
+        // block here and done: every read of the old value ran before (in_place_update_sites).
+        const any_tensor& t = inputs[static_cast<std::size_t>(write_into_[i])];
+        const bool direct = ::ccgraph::detail::visit(
+            [&](const auto& x) { return x.is_contiguous() && !x.pending_work() && x.device() == ctx_->device(); }, t);
+        outs.clear();
+        if (direct) outs.push_back(t);
+      }
       env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
       if (plan_ && n->is_collective() && !env[i].empty())  // a batch of sends only was waited
         ::ccgraph::detail::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
@@ -593,6 +625,7 @@ class basic_executor {
   bool has_collectives_ = false;
   std::vector<node*> inputs_;
   std::vector<input_update> updates_;
+  std::vector<int> write_into_;  // per position: the input its output 0 is written into, or -1
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
 };

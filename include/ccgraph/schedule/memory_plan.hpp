@@ -40,6 +40,22 @@
 
 namespace ccgraph {
 
+/// A value written into a planned buffer: output `index` of the node at `position` in the
+/// order the plan was made for (`name` is its printed form, "%add" or "%arc.1").
+struct planned_value {
+  std::size_t position = 0;
+  int index = 0;
+  std::string name;
+};
+
+/// An input that a compiled graph's call updates in place: the graph's result `output` is
+/// written into the tensor passed as input `input` (see compile_options::update_inputs).
+struct input_update {
+  std::size_t input;
+  std::size_t output;
+  friend bool operator==(const input_update&, const input_update&) = default;
+};
+
 /// How cg::plan_memory plans.
 struct memory_plan_options {
   /// Every buffer starts at a multiple of this many bytes (and is rounded up to it); a power of
@@ -47,14 +63,17 @@ struct memory_plan_options {
   std::int64_t alignment = 64;
   /// Let an all_reduce write its result into an input that nothing reads afterwards.
   bool steal = true;
+  /// Results that are written into graph inputs once the graph has run (compile_options::
+  /// update_inputs). Each one that can be computed straight into its input's memory (see
+  /// detail::in_place_update_sites) gets no buffer: memory_plan::updates_in_place lists it.
+  std::vector<input_update> update_inputs{};
 };
 
-/// A value written into a planned buffer: output `index` of the node at `position` in the
-/// order the plan was made for (`name` is its printed form, "%add" or "%arc.1").
-struct planned_value {
-  std::size_t position = 0;
-  int index = 0;
-  std::string name;
+/// An updated result (memory_plan_options::update_inputs) that its node writes straight into
+/// the input's memory: output `value.index` of the node at `value.position`.
+struct planned_update {
+  planned_value value;
+  input_update update;
 };
 
 /// One block of the arena: the bytes [offset, offset + bytes) during positions [first, last].
@@ -94,6 +113,19 @@ struct memory_plan {
   std::int64_t total_bytes = 0;
   /// Number of nodes of the graph the plan was made for.
   std::size_t num_nodes = 0;
+  /// The updated results (memory_plan_options::update_inputs) computed straight into their
+  /// input's memory, by position: they have no buffer, and the executor writes them into the
+  /// tensor passed as that input (when it is contiguous; else into memory of their own, and
+  /// copies them after the run).
+  std::vector<planned_update> updates_in_place;
+
+  /// The input that output `index` of the node at `position` is written into (an entry of
+  /// updates_in_place), or null.
+  const input_update* input_written_at(std::size_t position, int index = 0) const {
+    for (const planned_update& u : updates_in_place)
+      if (u.value.position == position && u.value.index == index) return &u.update;
+    return nullptr;
+  }
 
   /// The buffer output `index` of the node at `position` is written into, or null.
   const planned_buffer* buffer_at(std::size_t position, int index = 0) const {
@@ -330,6 +362,20 @@ CCGRAPH_DECL std::uint64_t overlapping_pairs(const std::vector<pack_item>& items
 
 /// The largest sum of the sizes of items live at one position.
 CCGRAPH_DECL std::int64_t peak_load(const std::vector<pack_item>& items, std::size_t positions);
+
+/// For each of `updates` (memory_plan_options::update_inputs), the position of the node that
+/// can compute its result straight into the input's memory, or g.size() where the result must
+/// be computed elsewhere and copied. It can when: the result is output 0 of a pointwise node of
+/// one output (a fused expression reads and writes element i of same-shaped operands together,
+/// in blocks that read before they write) with the input's meta; the result is returned once
+/// and no view of it is returned (nothing else hands out that memory); and every read of the
+/// input's old value (through any view or wait of it, collectives until their wait, the output
+/// node to the end) ends before that node, except that node's own reads of the input itself
+/// (element i for element i; a view of the input read there could read another element, so it
+/// refuses). Out-of-range indices give g.size() (the executor reports them). O(V + E) for all
+/// updates together.
+CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, const liveness_info& live,
+                                                      const std::vector<input_update>& updates);
 
 /// A value that allocates bytes (plan_values): the value, its meta, the buffer it is written
 /// into, and its aliases (itself first, then the views and waits of it, in order).

@@ -155,8 +155,9 @@ struct basic_pointwise_program {
   }
 
   /// Runs the program over `inputs` (broadcast to the result's shape) with this run's `draws`
-  /// into `result`, which shares no byte with the inputs (any strides; contiguous is written
-  /// directly).
+  /// into `result`, which shares no byte with the inputs, or is itself an input of the result's
+  /// shape and contiguous (each block is read before it is written: what the executor's
+  /// in-place update of an input relies on); any strides, contiguous is written directly.
   void run_into(const std::vector<any_tensor>& inputs, const any_tensor& result,
                 const std::vector<philox_stream>& draws) const {
     const shape_t shape = result_shape(inputs);

@@ -195,6 +195,73 @@ CCGRAPH_DECL std::int64_t peak_load(const std::vector<pack_item>& items, std::si
   return peak;
 }
 
+CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, const liveness_info& live,
+                                                      const std::vector<input_update>& updates) {
+  const auto& nodes = g.nodes();
+  const std::size_t n = nodes.size();
+  std::vector<std::size_t> site(updates.size(), n);
+  const node* out = g.output_node();
+  if (!out || updates.empty()) return site;
+  const std::vector<node*> inputs = g.placeholders();
+  // Per position: the input whose memory output 0 is (the placeholder, views and waits of
+  // it, transitively), or -1, and the node whose output 0 it is a view or wait of (itself
+  // otherwise). A view_or_copy that copies counts as a view (its read is then counted until
+  // its readers' ends: later than needed, never earlier).
+  std::vector<int> root(n, -1);
+  std::vector<std::size_t> base(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    const node* nd = nodes[p];
+    base[p] = p;
+    if (const auto* ph = std::get_if<ops::placeholder>(&nd->kind())) {
+      root[p] = ph->index;
+    } else if (aliases_input(*nd) && !nd->args().empty() && nd->args()[0].index == 0) {
+      root[p] = root[g.position(nd->args()[0].src)];
+      base[p] = base[g.position(nd->args()[0].src)];
+    }
+  }
+  // Per position: how many results are its output 0 or a view or wait of it.
+  std::vector<int> returned(n, 0);
+  for (const value_ref& x : out->args())
+    if (x.index == 0) ++returned[base[g.position(x.src)]];
+  // Per input: the last position reading its old value other than through a direct read of
+  // the placeholder by a pointwise node, and the nodes reading it directly.
+  const std::size_t none = n;
+  std::vector<std::size_t> last_other(inputs.size(), none);
+  auto later = [&](std::size_t& at, std::size_t e) { at = at == none ? e : std::max(at, e); };
+  for (std::size_t p = 0; p < n; ++p) {
+    const int r = root[p];
+    if (r < 0 || static_cast<std::size_t>(r) >= inputs.size()) continue;
+    const bool is_placeholder = nodes[p] == inputs[static_cast<std::size_t>(r)];
+    for (const node* rd : live.readers(p, 0)) {
+      if (is_placeholder && category_of(rd->kind()) == op_category::pointwise) continue;  // checked per site
+      later(last_other[static_cast<std::size_t>(r)], live.read_end(rd));
+    }
+  }
+  for (std::size_t a = 0; a < updates.size(); ++a) {
+    const input_update& u = updates[a];
+    if (u.input >= inputs.size() || u.output >= out->args().size()) continue;
+    const value_ref res = out->args()[u.output];
+    const node* nd = res.src;
+    const node* ph = inputs[u.input];
+    if (category_of(nd->kind()) != op_category::pointwise || nd->num_outputs() != 1) continue;
+    if (nd->meta(0) != ph->meta()) continue;
+    const std::size_t p = g.position(nd);
+    // Returned once, and no view of it returned (it would hand out the input's memory).
+    if (returned[p] != 1) continue;
+    // Every other read of the old value ends before p.
+    if (last_other[u.input] != none && last_other[u.input] >= p) continue;
+    // Direct reads of the placeholder by pointwise nodes: each before p, or p itself.
+    bool ok = true;
+    for (const node* rd : live.readers(g.position(ph), 0))
+      if (category_of(rd->kind()) == op_category::pointwise && rd != nd && live.read_end(rd) >= p) ok = false;
+    // p reads no view of the input (another element than its own).
+    for (const value_ref& x : nd->args())
+      if (x.src != ph && root[g.position(x.src)] == static_cast<int>(u.input)) ok = false;
+    if (ok) site[a] = p;
+  }
+  return site;
+}
+
 CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, const memory_plan_options& opt) {
   const auto& nodes = g.nodes();
   const std::size_t n = nodes.size();
@@ -257,6 +324,15 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
     return id;
   };
 
+  // Updated results computed straight into their inputs: the caller's memory, like the
+  // inputs themselves (no buffer; views of them are never planned either).
+  std::vector<int> update_at(n, -1);
+  {
+    const std::vector<std::size_t> sites = in_place_update_sites(g, live, opt.update_inputs);
+    for (std::size_t a = 0; a < sites.size(); ++a)
+      if (sites[a] < n) update_at[sites[a]] = static_cast<int>(a);
+  }
+
   for (std::size_t p = 0; p < n; ++p) {
     const node* nd = nodes[p];
     const auto outs = static_cast<std::size_t>(nd->num_outputs());
@@ -264,6 +340,11 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
     plan.buffer_of[p].assign(outs, -1);
     layout_of[p].assign(outs, detail::layout(nullptr, {0}, {1}, 0));
     if (aliasing_of(nd->kind()) == alias_kind::external || outs == 0) continue;
+    if (update_at[p] >= 0) {
+      plan.updates_in_place.push_back({{p, 0, detail::ref_str({const_cast<node*>(nd), 0})},
+                                       opt.update_inputs[static_cast<std::size_t>(update_at[p])]});
+      continue;
+    }
     if (detail::aliases_input(*nd)) {
       const value_ref in = nd->args().at(0);
       const std::size_t q = g.position(in.src);
@@ -503,8 +584,8 @@ CCGRAPH_DECL bool memory_plan::check(const graph& g, std::string* why) const {
           return fail();
         }
         own[p][static_cast<std::size_t>(k)] = {b, idx};
-      } else if (aliasing_of(nd->kind()) == alias_kind::external) {
-        // the caller's memory
+      } else if (aliasing_of(nd->kind()) == alias_kind::external || input_written_at(p, k)) {
+        // the caller's memory (an input, or an updated result written into its input)
       } else if (detail::aliases_input(*nd)) {
         const value_ref in = nd->args().at(0);
         own[p][static_cast<std::size_t>(k)] = own[g.position(in.src)][static_cast<std::size_t>(in.index)];
@@ -515,6 +596,16 @@ CCGRAPH_DECL bool memory_plan::check(const graph& g, std::string* why) const {
       const owner o = own[p][static_cast<std::size_t>(k)];
       if (o.buffer >= 0)
         aliases[static_cast<std::size_t>(o.buffer)][static_cast<std::size_t>(o.value)].push_back({const_cast<node*>(nd), k});
+    }
+  }
+  // Each result written into an input is one the rule allows there (all old reads end before).
+  for (const planned_update& u : updates_in_place) {
+    const std::vector<std::size_t> site = detail::in_place_update_sites(g, live, {u.update});
+    if (u.value.position >= n || site[0] != u.value.position || u.value.index != 0) {
+      err << u.value.name << " is written into input " << u.update.input << " (result " << u.update.output
+          << ") at " << u.value.position << ", but that input's old value is read then or later, or the result is "
+          << "not computed there by one pointwise node";
+      return fail();
     }
   }
   // Each value's lifetime lies in its buffer's interval; a value handed on to an in-place
@@ -619,6 +710,9 @@ CCGRAPH_DECL std::string to_string(const memory_plan& p) {
       os << "  buf" << b << "  " << buf.values[i].name << "  in place, stolen from "
          << buf.values[i - 1].name << '\n';
   }
+  for (const planned_update& u : p.updates_in_place)
+    os << "  " << u.value.name << "  written into input " << u.update.input << " (result " << u.update.output
+       << ")\n";
   return os.str();
 }
 
