@@ -60,7 +60,7 @@ struct fully_shard_options {
 /// Shard(0), unsharded (all_gathered) where it is used. L is tensor<T> (eager) or symbolic<T>
 /// (traced). Made by cg::fully_shard.
 template <class T, class L = tensor<T>>
-class fsdp_module {
+class fsdp_module : public detail::named_dtensors<T, L> {
  public:
   /// The local value type.
   using local_type = L;
@@ -70,37 +70,20 @@ class fsdp_module {
   /// The parts, as fully_shard checked them.
   fsdp_module(ccgraph::device_mesh mesh, std::vector<std::pair<std::string, dtensor_type>> params,
               bool reshard_after_forward)
-      : mesh_(std::move(mesh)), params_(std::move(params)), reshard_(reshard_after_forward) {}
+      : detail::named_dtensors<T, L>("fsdp_module", std::move(params)), mesh_(std::move(mesh)),
+        reshard_(reshard_after_forward) {}
 
   /// The data-parallel mesh.
   const ccgraph::device_mesh& mesh() const { return mesh_; }
   /// Whether a traced unshard is re-gathered for the backward.
   bool reshard_after_forward() const { return reshard_; }
-  /// The parameter `name`: a dtensor laid out Shard(0) on the mesh.
-  const dtensor_type& param(std::string_view name) const {
-    for (const auto& [k, v] : params_)
-      if (k == name) return v;
-    CCGRAPH_THROW(error, "fsdp_module::param: no parameter '", name, "'; the module has ", names_str());
-  }
-  /// param(name).
-  const dtensor_type& operator[](std::string_view name) const { return param(name); }
-  /// The parameters' names, in the module's order.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& [k, v] : params_) out.push_back(k);
-    return out;
-  }
-  /// Each parameter's local Shard(0) piece: what a differentiated step takes as inputs, and what
-  /// fully_shard(..., {.local_shards = true, .shapes = shapes()}) takes back.
-  std::map<std::string, L> local_params() const {
-    std::map<std::string, L> out;
-    for (const auto& [k, v] : params_) out.emplace(k, v.local_value());
-    return out;
-  }
+  // param(name) (a dtensor laid out Shard(0) on the mesh), operator[], names() and
+  // local_params() (each rank's Shard(0) piece; fully_shard takes them back with
+  // {.local_shards = true, .shapes = shapes()}): detail::named_dtensors.
   /// Each parameter's global (unsharded) shape.
   std::map<std::string, shape_t> shapes() const {
     std::map<std::string, shape_t> out;
-    for (const auto& [k, v] : params_) out.emplace(k, v.shape());
+    for (const auto& [k, v] : this->params_) out.emplace(k, v.shape());
     return out;
   }
 
@@ -111,7 +94,7 @@ class fsdp_module {
   /// reshard_after_forward, the gather is a resharded region: the backward reads a re-gathered
   /// copy, so the full parameter is freed after its last forward use.
   L unshard(std::string_view name) const {
-    const dtensor_type& p = param(name);
+    const dtensor_type& p = this->param(name);
     if constexpr (is_traced_v<L>) {
       if (!reshard_) return gather(p);
       // (auto: the tracer's types are named only where a traced L instantiates this.)
@@ -133,7 +116,7 @@ class fsdp_module {
   /// parallelize_module takes for 2-D FSDP x tensor parallel.
   std::map<std::string, L> unshard_all() const {
     std::map<std::string, L> out;
-    for (const auto& [k, v] : params_) out.emplace(k, unshard(k));
+    for (const auto& [k, v] : this->params_) out.emplace(k, unshard(k));
     return out;
   }
 
@@ -143,14 +126,8 @@ class fsdp_module {
     // 1 / size scaling); the all_gather's rule reduce_scatters the terms.
     return p.redistribute(p.mesh(), {replicate()}).to_local(std::vector<placement>{partial()});
   }
-  std::string names_str() const {
-    std::string s = "[";
-    for (std::size_t i = 0; i < params_.size(); ++i) s += (i ? ", '" : "'") + params_[i].first + "'";
-    return s + "]";
-  }
 
   ccgraph::device_mesh mesh_;
-  std::vector<std::pair<std::string, dtensor_type>> params_;
   bool reshard_;
 };
 

@@ -115,30 +115,25 @@ inline const char* style_name(const parallel_style& s) {
   return names[s.index()];
 }
 
-/// A module's parameters laid out by a plan on a 1-d (tensor-parallel) mesh, and the styles'
-/// input and output preparation around the calls that use them. L is tensor<T> (eager) or
-/// symbolic<T> (traced). Made by cg::parallelize_module.
-template <class T, class L = tensor<T>>
-class parallel_module {
+namespace detail {
+
+/// A module's named dtensor parameters, in the module's order (the part parallel_module and
+/// fsdp_module share): lookup by name and the local values. `what` names the owner in errors.
+template <class T, class L>
+class named_dtensors {
  public:
-  /// The local value type.
-  using local_type = L;
   /// The parameters' type.
   using dtensor_type = dtensor<T, L>;
 
-  /// The parts, as parallelize_module checked them.
-  parallel_module(ccgraph::device_mesh mesh, parallelize_plan plan, std::vector<std::pair<std::string, dtensor_type>> params)
-      : mesh_(std::move(mesh)), plan_(std::move(plan)), params_(std::move(params)) {}
+  /// The parameters of a module made by `what` ("parallel_module", "fsdp_module").
+  named_dtensors(const char* what, std::vector<std::pair<std::string, dtensor_type>> params)
+      : what_(what), params_(std::move(params)) {}
 
-  /// The mesh.
-  const ccgraph::device_mesh& mesh() const { return mesh_; }
-  /// The plan.
-  const parallelize_plan& plan() const { return plan_; }
-  /// The parameter `name` as a dtensor (laid out by its style; Replicate without one).
+  /// The parameter `name` as a dtensor.
   const dtensor_type& param(std::string_view name) const {
     for (const auto& [k, v] : params_)
       if (k == name) return v;
-    CCGRAPH_THROW(error, "parallel_module::param: no parameter '", name, "'; the module has ", names_str());
+    CCGRAPH_THROW(error, what_, "::param: no parameter '", name, "'; the module has ", names_str());
   }
   /// param(name).
   const dtensor_type& operator[](std::string_view name) const { return param(name); }
@@ -149,12 +144,48 @@ class parallel_module {
     return out;
   }
   /// Each parameter's local value (its shard): what a differentiated step takes as inputs, and
-  /// what parallelize_module(..., {.local_shards = true}) takes back.
+  /// what parallelize_module / fully_shard take back with `{.local_shards = true}`.
   std::map<std::string, L> local_params() const {
     std::map<std::string, L> out;
     for (const auto& [k, v] : params_) out.emplace(k, v.local_value());
     return out;
   }
+
+ protected:
+  /// "['w1', 'w2']", for errors.
+  std::string names_str() const {
+    std::string s = "[";
+    for (std::size_t i = 0; i < params_.size(); ++i) s += (i ? ", '" : "'") + params_[i].first + "'";
+    return s + "]";
+  }
+
+  const char* what_;
+  std::vector<std::pair<std::string, dtensor_type>> params_;
+};
+
+}  // namespace detail
+
+/// A module's parameters laid out by a plan on a 1-d (tensor-parallel) mesh, and the styles'
+/// input and output preparation around the calls that use them. L is tensor<T> (eager) or
+/// symbolic<T> (traced). Made by cg::parallelize_module.
+template <class T, class L = tensor<T>>
+class parallel_module : public detail::named_dtensors<T, L> {
+ public:
+  /// The local value type.
+  using local_type = L;
+  /// The parameters' type.
+  using dtensor_type = dtensor<T, L>;
+
+  /// The parts, as parallelize_module checked them.
+  parallel_module(ccgraph::device_mesh mesh, parallelize_plan plan, std::vector<std::pair<std::string, dtensor_type>> params)
+      : detail::named_dtensors<T, L>("parallel_module", std::move(params)), mesh_(std::move(mesh)), plan_(std::move(plan)) {}
+
+  /// The mesh.
+  const ccgraph::device_mesh& mesh() const { return mesh_; }
+  /// The plan.
+  const parallelize_plan& plan() const { return plan_; }
+  // param(name) (laid out by its style; Replicate without one), operator[], names() and
+  // local_params(): detail::named_dtensors.
   /// The style the plan gives `name` (an error naming the plan's entries when none).
   const parallel_style& style(std::string_view name) const {
     for (const auto& [k, s] : plan_)
@@ -231,8 +262,8 @@ class parallel_module {
                   "; a linear's weight is colwise_parallel or rowwise_parallel");
     const dtensor_type in = prepare_input(weight, x);
     std::optional<dtensor_type> b;
-    if (bias) b = param(*bias);
-    return prepare_output(weight, ccgraph::linear(in, param(weight), b, activation));
+    if (bias) b = this->param(*bias);
+    return prepare_output(weight, ccgraph::linear(in, this->param(weight), b, activation));
   }
 
   /// layer_norm over the last dim with weight `weight` (and bias `bias`), under the weight's
@@ -242,8 +273,8 @@ class parallel_module {
                           double eps = 1e-5) const {
     const dtensor_type in = prepare_input(weight, x);
     std::optional<dtensor_type> b;
-    if (bias) b = param(*bias);
-    return prepare_output(weight, ccgraph::layer_norm(in, param(weight), b, eps));
+    if (bias) b = this->param(*bias);
+    return prepare_output(weight, ccgraph::layer_norm(in, this->param(weight), b, eps));
   }
 
  private:
@@ -251,11 +282,6 @@ class parallel_module {
     const placement want = p.normalized(d.shape().size(), "parallel_module");
     if (d.placements().at(0) == want) return d;
     return d.redistribute(d.mesh(), {want});
-  }
-  std::string names_str() const {
-    std::string s = "[";
-    for (std::size_t i = 0; i < params_.size(); ++i) s += (i ? ", '" : "'") + params_[i].first + "'";
-    return s + "]";
   }
   std::string plan_str() const {
     std::string s = "{";
@@ -266,7 +292,6 @@ class parallel_module {
 
   ccgraph::device_mesh mesh_;
   parallelize_plan plan_;
-  std::vector<std::pair<std::string, dtensor_type>> params_;
 };
 
 namespace detail {
