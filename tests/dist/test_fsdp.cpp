@@ -114,6 +114,20 @@ struct fsdp_step {
 
 // ================================ layout ================================
 
+/// The joint graph of `step` (its value and the gradients of w1 and w2) traced at the local
+/// pieces' shapes, linted and checked for the ranks' collective order, with its 3 all_gathers
+/// (two forward, w2 again for the backward) and 2 reduce_scatters.
+template <class Step, class Module>
+auto traced_step(const Step& step, const cg::tensor<float>& xl, const Module& fs, cg::rank_context& ctx) {
+  auto g = cg::trace(cg::value_and_grad(step, {1, 2}), cg::input<float>(xl.shape()),
+                     cg::input<float>(fs["w1"].to_local().shape()), cg::input<float>(fs["w2"].to_local().shape()));
+  g.lint();
+  cg::verify_collective_order(g, ctx);
+  CHECK(g.count("all_gather_into_tensor") == 3);
+  CHECK(g.count("reduce_scatter_tensor") == 2);
+  return g;
+}
+
 TEST_CASE("fsdp.fully_shard.layout_and_unshard.world2_world4") {
   for (int n : {2, 4}) {
     run(n, [n](cg::rank_context& ctx) {
@@ -201,12 +215,7 @@ TEST_CASE("fsdp.mlp.forward_backward.world2_world4") {
       CHECK(c2.count("reduce_scatter") == 2);
 
       // Traced and compiled: one joint graph, scheduled, the same values.
-      auto g = cg::trace(cg::value_and_grad(step, {1, 2}), cg::input<float>(xl.shape()),
-                         cg::input<float>(fs["w1"].to_local().shape()), cg::input<float>(fs["w2"].to_local().shape()));
-      g.lint();
-      cg::verify_collective_order(g, ctx);
-      CHECK(g.count("all_gather_into_tensor") == 3);
-      CHECK(g.count("reduce_scatter_tensor") == 2);
+      auto g = traced_step(step, xl, fs, ctx);
       auto s = cg::schedule(g, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"});
       const auto [v3, h1, h2] = cg::compile(s, ctx)(xl, fs["w1"].to_local(), fs["w2"].to_local());
       FSDP_CHECK_CLOSE(v3, term);
@@ -364,12 +373,7 @@ TEST_CASE("fsdp.2d.dp_x_tp.forward_backward_counts.world4") {
 
     // Traced and compiled: the same gradients; the all_gathers and reduce_scatters are on dp,
     // the all_reduces on tp.
-    auto g = cg::trace(cg::value_and_grad(step, {1, 2}), cg::input<float>(xl.shape()),
-                       cg::input<float>(fs["w1"].to_local().shape()), cg::input<float>(fs["w2"].to_local().shape()));
-    g.lint();
-    cg::verify_collective_order(g, ctx);
-    CHECK(g.count("all_gather_into_tensor") == 3);
-    CHECK(g.count("reduce_scatter_tensor") == 2);
+    auto g = traced_step(step, xl, fs, ctx);
     CHECK(g.count("all_reduce") == 2);
     auto s = cg::schedule(g, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"});
     const auto [v, h1, h2] = cg::compile(s, ctx)(xl, fs["w1"].to_local(), fs["w2"].to_local());
