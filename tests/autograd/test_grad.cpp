@@ -336,6 +336,40 @@ TEST_CASE("grad.softmax_norms") {
   gradcheck<0, 1>([](const auto& a, const auto& ww) { return cg::sum(cg::sin(cg::rms_norm(a, ww))); }, x, w);
 }
 
+TEST_CASE("grad.scaled_dot_product_attention") {
+  // q [B, H, L, E], k and v [B, H, S, E]: every combination the rule reads (causal, a scale,
+  // other key length, a bool and an additive mask), through a nonlinear loss.
+  const auto q = values({2, 2, 3, 4}, -1, 1, 21), k = values({2, 2, 3, 4}, -1, 1, 22), v = values({2, 2, 3, 5}, -1, 1, 23);
+  const auto k5 = values({1, 2, 5, 4}, -1, 1, 24), v5 = values({1, 2, 5, 3}, -1, 1, 25), q1 = values({1, 2, 3, 4}, -1, 1, 26);
+  auto loss = [](const auto& o) { return cg::sum(cg::sin(o) * o); };
+  gradcheck<0, 1, 2>([&](const auto& a, const auto& b, const auto& c) { return loss(cg::scaled_dot_product_attention(a, b, c)); },
+                     q, k, v);
+  gradcheck<0, 1, 2>([&](const auto& a, const auto& b, const auto& c) {
+    return loss(cg::scaled_dot_product_attention(a, b, c, 0.0, /*is_causal=*/true));
+  }, q, k, v);
+  gradcheck<0, 1, 2>([&](const auto& a, const auto& b, const auto& c) {
+    return loss(cg::scaled_dot_product_attention(a, b, c, 0.0, false, 0.7));
+  }, q1, k5, v5);
+  const auto keep = cg::tensor<bool>::from({true, false, true, true, false, true, true, true, false, true, true, false,
+                                            true, true, true},
+                                           {3, 5});
+  auto masked = [&](const auto& a, const auto& b, const auto& c, const auto& m) {
+    return loss(cg::scaled_dot_product_attention(a, b, c, m));
+  };
+  gradcheck<0, 1, 2>(masked, q1, k5, v5, keep);
+  const auto bias = values({3, 5}, -2, 2, 27);
+  gradcheck<0, 1, 2>(masked, q1, k5, v5, bias);
+  // Only q differentiated: the rule gives k and v nothing.
+  gradcheck<0>([&](const auto& a, const auto& b, const auto& c) { return loss(cg::scaled_dot_product_attention(a, b, c)); },
+               q, k, v);
+  // A differentiated additive mask is refused by name (no kernel computes its gradient).
+  const std::string e = ccgraph_test::error_of([&] {
+    cg::grad(masked, 3)(q1, k5, v5, bias);
+  });
+  CHECK(ccgraph_test::contains(e, "scaled_dot_product_attention"));
+  CHECK(ccgraph_test::contains(e, "attn_mask takes no gradient"));
+}
+
 TEST_CASE("grad.cross_entropy_embedding_gather") {
   const auto logits = values({4, 5}, -2, 2, 15);
   const auto target = cg::tensor<std::int64_t>::from({1, 0, 4, 2}, {4});

@@ -509,6 +509,35 @@ template <>
 struct op_traits<ops::scaled_dot_product_attention> : detail::attention_traits_common {
   using sharding = sharding_rules::sdpa;
   using O = ops::scaled_dot_product_attention;
+  /// scaled_dot_product_attention_backward from the saved out and lse (flash attention's
+  /// recomputation: no [L, S] matrix is kept). The lse carries no gradient; neither does the
+  /// mask (as PyTorch's flash and memory-efficient kernels): a differentiated mask is an error.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      using T = typename C::value_type;
+      using S = detail::sdpa_lse_t<T>;
+      CCGRAPH_CHECK(!c.has_grad(1), "grad: scaled_dot_product_attention (node %", c.current().name(),
+                    "): its lse output is not differentiated");
+      const bool masked = c.num_inputs() == 4;
+      CCGRAPH_CHECK(!masked || !c.needs_grad(3), "grad: scaled_dot_product_attention (node %", c.current().name(),
+                    "): attn_mask takes no gradient; pass a mask that does not depend on a differentiated input");
+      const auto q = c.input(0), k = c.input(1), v = c.input(2), out = c.output(0);
+      const auto lse = c.template output<S>(1);
+      const auto [gq, gk, gv] = [&] {
+        if (!masked) return scaled_dot_product_attention_backward(c.grad(), q, k, v, out, lse, o.dropout_p, o.is_causal, o.scale);
+        const auto& m = c.current().args()[3];
+        if (m.src->meta(m.index).dtype == dtype::boolean)
+          return scaled_dot_product_attention_backward(c.grad(), q, k, v, out, lse, c.template input<bool>(3),
+                                                       o.dropout_p, o.is_causal, o.scale);
+        return scaled_dot_product_attention_backward(c.grad(), q, k, v, out, lse, c.input(3), o.dropout_p,
+                                                     o.is_causal, o.scale);
+      }();
+      c.add_grad(0, gq);
+      c.add_grad(1, gk);
+      c.add_grad(2, gv);
+    }
+  };
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
     CCGRAPH_CHECK(in.size() == 3 || in.size() == 4, O::name,
                   ": expects 3 or 4 input(s) (query, key, value, attn_mask), got ", in.size());
