@@ -1,0 +1,140 @@
+// bench_gpu_block: issue 16 item 7, the GPT-style block of examples/gpt_block.hpp (pre-norm,
+// causal attention + GELU MLP, bf16) with tensor + sequence parallelism over the GPUs of one host
+// (2 at most), laid out by cg::parallelize_module with PyTorch's plan:
+//
+//   B x L tokens, model dim D, H heads, MLP F; each rank its L/tp tokens; forward + backward of
+//   sum(x2²) / (B L D), every parameter's gradient (the norms' all-reduced)
+//
+// traced into one joint graph (cg::value_and_grad through the dtensor styles), scheduled and
+// replayed as one CUDA Graph per step. Rows: with the overlap passes (sink_waits, raise_comms,
+// reorder_compute_for_overlap) and without any pass. bench/torch_block_reference.py is PyTorch's
+// side (parallelize_module, eager and torch.compile) to run in the same lease.
+// Timing as bench_gpu_train: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
+// median of 10. Prints a table and one `RESULT <workload> <impl> <ms> ms` line per row.
+//
+// Usage: bench_gpu_block [--quick] [--timeline]
+//   --quick      B = 1
+//   --timeline   after timing, GPU 0's kernels of the overlapped step from CUPTI
+#include <ccgraph/cuda.hpp>
+
+#include "../examples/gpt_block.hpp"
+#include "bench_args.hpp"
+#include "cupti_timeline.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cg = ccgraph;
+namespace ex = ccgraph::examples;
+using i64 = std::int64_t;
+using bf = cg::bf16;
+using T = cg::tensor<bf>;
+
+namespace {
+
+constexpr int wrt[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+
+/// Median of `iters` steps after `warm`, CUDA events on this thread's stream.
+template <class F>
+double time_ms(F&& step, int warm = 4, int iters = 10) {
+  for (int i = 0; i < warm; ++i) step();
+  cudaStream_t s = cg::cuda::current_stream();
+  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> ts;
+  cudaEvent_t a, b;
+  CCGRAPH_CHECK_CUDA(cudaEventCreate(&a));
+  CCGRAPH_CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < iters; ++i) {
+    CCGRAPH_CHECK_CUDA(cudaEventRecord(a, s));
+    step();
+    CCGRAPH_CHECK_CUDA(cudaEventRecord(b, s));
+    CCGRAPH_CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CCGRAPH_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms);
+  }
+  CCGRAPH_CHECK_CUDA(cudaEventDestroy(a));
+  CCGRAPH_CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+/// cg::compile_function of the step: (x, 10 parameters), all bf16.
+template <class F, std::size_t... I>
+auto compile_step(F step, cg::rank_context& ctx, cg::function_options opt, std::index_sequence<I...>) {
+  return cg::compile_function<bf, std::conditional_t<(I < 10), bf, void>...>(step, ctx, std::move(opt));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::args args(argc, argv, "[--quick] [--timeline]", {"--quick", "--timeline"});
+  const bool timeline = args.has("--timeline");
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
+    std::printf("bench_gpu_block: no GPU\n");
+    return 0;
+  }
+  const int world = std::min(gpus, 2);
+  const ex::gpt_config c{.batch = args.has("--quick") ? 1 : 4, .seq = 2048, .dim = 4096, .heads = 32, .ffn = 16384};
+  const std::string workload = "gpt_block_tp" + std::to_string(world) + "_sp_B" + std::to_string(c.batch) + "_L" +
+                               std::to_string(c.seq) + "_D" + std::to_string(c.dim) + "_H" + std::to_string(c.heads) +
+                               "_F" + std::to_string(c.ffn);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> modes{
+      {"overlap_passes", {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}}, {"no_passes", {}}};
+  std::vector<double> ms(modes.size(), 0.0), loss(modes.size(), 0.0);
+  if (timeline) bench::cupti::start();
+  cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
+    const int d = ctx.rank();
+    const cg::device_mesh mesh({world}, {"tp"});
+    // The same whole parameters on every rank (generated on the host), this rank's pieces on its GPU.
+    std::vector<T> params;
+    for (const T& p : ex::gpt_shards(ex::gpt_random_params<bf>(c, cg::generator(99)), mesh)) params.push_back(p.cuda(d));
+    cg::generator gen(1234, static_cast<std::uint64_t>(d));
+    const T x = cg::randn<bf>({c.batch, c.seq / world, c.dim}, gen).cuda(d);
+    const auto loss_and_grads = cg::value_and_grad(ex::gpt_block_loss(c, mesh), wrt);
+    for (std::size_t k = 0; k < modes.size(); ++k) {
+      auto step = compile_step(loss_and_grads, ctx,
+                               {.passes = modes[k].second,
+                                .compile = {.cuda_graph = true, .static_outputs = true},
+                                .guard = cg::function_guard::arguments},
+                               std::make_index_sequence<10>{});
+      T last_loss;
+      auto one = [&] {
+        auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
+          return step(x, params[I]...);
+        }(std::make_index_sequence<10>{});
+        last_loss = std::get<0>(out);
+      };
+      const double t = time_ms(one);
+      if (timeline && k == 0) bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + modes[k].first, 2, true, [&](int) { one(); });
+      if (d == 0) {
+        ms[k] = t;
+        loss[k] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
+      }
+    }
+  });
+  // GEMMs per rank: forward 2 B L (4 D² + 2 D F) / tp FLOPs; backward twice that (x's gradient
+  // flows through every linear: the norms' parameters need it).
+  const double tflop = 3.0 * 2.0 * double(c.batch * c.seq) *
+                       (4.0 * double(c.dim) * double(c.dim) + 2.0 * double(c.dim) * double(c.ffn)) / world / 1e12;
+  char dev[256] = {0};
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::snprintf(dev, sizeof dev, "%s", prop.name);
+  std::printf("# bench_gpu_block: %d x %s, %s, bf16, TP + SP, fwd + bwd, one CUDA Graph per step\n", world, dev,
+              workload.c_str());
+  std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s per GPU | loss term, rank 0 |\n|---|---|---|---|---|\n");
+  for (std::size_t k = 0; k < modes.size(); ++k)
+    std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), modes[k].first.c_str(), ms[k],
+                tflop / (ms[k] / 1e3), loss[k]);
+  for (std::size_t k = 0; k < modes.size(); ++k)
+    std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), modes[k].first.c_str(), ms[k]);
+  if (timeline) bench::cupti::flush();
+  return 0;
+}
