@@ -22,6 +22,7 @@
 #include <ccgraph/ir/impl/graph.ipp>
 #include <ccgraph/ir/impl/node_op.ipp>
 #include <ccgraph/ir/impl/print.ipp>
+#include <ccgraph/ops/impl/attention.ipp>
 #include <ccgraph/ops/impl/collective_ops.ipp>
 #include <ccgraph/ops/impl/compute_ops.ipp>
 #include <ccgraph/ops/impl/index_ops.ipp>
