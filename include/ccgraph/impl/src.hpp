@@ -24,6 +24,8 @@
 #include <ccgraph/ir/impl/print.ipp>
 #include <ccgraph/ops/impl/attention.ipp>
 #include <ccgraph/ops/impl/collective_ops.ipp>
+#include <ccgraph/ops/impl/collectives.ipp>
+#include <ccgraph/ops/impl/comm_counter.ipp>
 #include <ccgraph/ops/impl/compute_ops.ipp>
 #include <ccgraph/ops/impl/index_ops.ipp>
 #include <ccgraph/ops/impl/normalization_ops.ipp>
