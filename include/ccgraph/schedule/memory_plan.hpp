@@ -270,23 +270,7 @@ struct pack_item {
 /// on the path from leaf t to the root), and the items sorted by first position.
 class interval_index {
  public:
-  explicit interval_index(const std::vector<pack_item>& items) : first_(items.size()) {
-    std::size_t positions = 1;
-    for (const pack_item& it : items) positions = std::max(positions, it.last + 1);
-    while (leaves_ < positions) leaves_ *= 2;
-    std::vector<std::size_t> count(2 * leaves_, 0);
-    for (const pack_item& it : items) cover(it, [&](std::size_t k) { ++count[k]; });
-    begin_.assign(2 * leaves_ + 1, 0);
-    for (std::size_t k = 0; k < 2 * leaves_; ++k) begin_[k + 1] = begin_[k] + count[k];
-    listed_.resize(begin_.back());
-    std::vector<std::size_t> fill(begin_.begin(), begin_.end() - 1);
-    for (std::size_t i = 0; i < items.size(); ++i) cover(items[i], [&](std::size_t k) { listed_[fill[k]++] = i; });
-    by_first_.resize(items.size());
-    for (std::size_t i = 0; i < items.size(); ++i) by_first_[i] = i;
-    std::stable_sort(by_first_.begin(), by_first_.end(),
-                     [&](std::size_t a, std::size_t b) { return items[a].first < items[b].first; });
-    for (std::size_t r = 0; r < items.size(); ++r) first_[r] = items[by_first_[r]].first;
-  }
+  CCGRAPH_DECL explicit interval_index(const std::vector<pack_item>& items);
   /// Number of tree nodes (for `consumed` in take_live_at).
   std::size_t nodes() const { return 2 * leaves_; }
   /// Calls f(item) for every item live at position t.
