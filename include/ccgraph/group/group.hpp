@@ -118,11 +118,7 @@ class group {
 
   /// This group (in whatever form) with tag `tag` instead of its own:
   ///   cg::group{mesh, "dp"}.tagged("fsdp_rs")
-  group tagged(std::string tag) const {
-    group g = *this;
-    g.tag_ = std::move(tag);
-    return g;
-  }
+  CCGRAPH_DECL group tagged(std::string tag) const;
   /// The tag (empty: the default group of its ranks).
   const std::string& tag() const noexcept { return tag_; }
 

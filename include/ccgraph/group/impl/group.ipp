@@ -155,4 +155,10 @@ CCGRAPH_DECL std::vector<int> group_registry::canonical_ranks(std::vector<int> r
   return ranks;
 }
 
+CCGRAPH_DECL group group::tagged(std::string tag) const {
+  group g = *this;
+  g.tag_ = std::move(tag);
+  return g;
+}
+
 }  // namespace ccgraph
