@@ -17,6 +17,7 @@
 
 #include <ccgraph/ccgraph.hpp>
 
+#include <ccgraph/group/impl/device_mesh.ipp>
 #include <ccgraph/group/impl/group.ipp>
 #include <ccgraph/ir/impl/analysis.ipp>
 #include <ccgraph/ir/impl/graph.ipp>
