@@ -1,6 +1,7 @@
 // ccgraph/group/device_mesh.hpp: an N-d arrangement of ranks with named dimensions (DeviceMesh).
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -62,67 +63,21 @@ class device_mesh {
 
   /// The sub-mesh of the dimensions called `names`, in that order (a sub-mesh keeps the
   /// parent's order of dimensions: "dp" before "tp" when the parent has them so).
-  device_mesh sub(const std::vector<std::string>& names) const {
-    CCGRAPH_CHECK(!names.empty(), "device_mesh: a sub-mesh needs at least one dimension name");
-    std::vector<int> dims;
-    for (const auto& n : names) {
-      const int d = dim_index(n);
-      CCGRAPH_CHECK(dims.empty() || d > dims.back(), "device_mesh[", n, "]: sub-mesh dims must be distinct and in "
-                    "the mesh's order (", names_str(), ")");
-      dims.push_back(d);
-    }
-    device_mesh m = *this;
-    m.kept_.clear();
-    m.shape_.clear();
-    m.names_.clear();
-    for (int d : dims) {
-      m.kept_.push_back(kept_[static_cast<std::size_t>(d)]);
-      m.shape_.push_back(shape_[static_cast<std::size_t>(d)]);
-      m.names_.push_back(names_[static_cast<std::size_t>(d)]);
-    }
-    return m;
-  }
+  CCGRAPH_DECL device_mesh sub(const std::vector<std::string>& names) const;
 
   /// True for a sub-mesh (made by operator[] or sub), false for a mesh as constructed.
   bool is_sub_mesh() const { return kept_.size() != pshape_.size(); }
 
   /// Name of dimension `dim`, or its index as text when unnamed.
-  std::string dim_name(int dim) const {
-    check_dim(dim);
-    return names_.empty() ? std::to_string(dim) : names_[static_cast<std::size_t>(dim)];
-  }
+  CCGRAPH_DECL std::string dim_name(int dim) const;
 
   /// The ranks of the slice of this mesh containing `rank`, row-major (for a mesh that is not a
   /// sub-mesh: every rank).
-  std::vector<int> slice_of(int rank) const {
-    for (auto& s : slices())
-      if (std::find(s.begin(), s.end(), rank) != s.end()) return s;
-    CCGRAPH_THROW(error, "device_mesh: rank ", rank, " is not in the mesh ", list_str(ranks_));
-  }
+  CCGRAPH_DECL std::vector<int> slice_of(int rank) const;
 
   /// Every slice of a sub-mesh: the rank lists that vary only in the kept coordinates, each
   /// row-major; one list (every rank) for a mesh that is not a sub-mesh.
-  std::vector<std::vector<int>> slices() const {
-    const auto st = contiguous_strides(pshape_);
-    std::vector<std::vector<int>> out;
-    for (std::int64_t flat = 0; flat < static_cast<std::int64_t>(ranks_.size()); ++flat) {
-      bool first = true;  // coordinate 0 on every kept dim
-      for (int d : kept_) first = first && (flat / st[static_cast<std::size_t>(d)]) % pshape_[static_cast<std::size_t>(d)] == 0;
-      if (!first) continue;
-      std::vector<int> s;
-      for (std::int64_t k = 0; k < numel_of(shape_); ++k) {
-        std::int64_t off = flat, rest = k;
-        for (std::size_t i = kept_.size(); i-- > 0;) {
-          const auto d = static_cast<std::size_t>(kept_[i]);
-          off += (rest % pshape_[d]) * st[d];
-          rest /= pshape_[d];
-        }
-        s.push_back(ranks_[static_cast<std::size_t>(off)]);
-      }
-      out.push_back(std::move(s));
-    }
-    return out;
-  }
+  CCGRAPH_DECL std::vector<std::vector<int>> slices() const;
 
   /// Same layout of ranks, names and (for sub-meshes) the same dims kept.
   friend bool operator==(const device_mesh& a, const device_mesh& b) {
@@ -130,13 +85,7 @@ class device_mesh {
   }
 
   /// "device_mesh([2, 2], dims=(dp, tp))", a sub-mesh with its parent's dims.
-  std::string str() const {
-    std::string s = "device_mesh(" + shape_str(shape_);
-    if (!names_.empty()) s += ", dims=(" + names_str() + ")";
-    if (is_sub_mesh()) s += ", of " + shape_str(pshape_) + " ranks " + list_str(ranks_);
-    else s += ", ranks " + list_str(ranks_);
-    return s + ")";
-  }
+  CCGRAPH_DECL std::string str() const;
 
   /// Number of dimensions.
   int ndim() const { return static_cast<int>(shape_.size()); }
@@ -152,61 +101,21 @@ class device_mesh {
   const std::vector<std::string>& dim_names() const { return names_; }
 
   /// Index of the dimension called `name`; an unknown name is an error listing the names.
-  int dim_index(std::string_view name) const {
-    for (std::size_t i = 0; i < names_.size(); ++i)
-      if (names_[i] == name) return static_cast<int>(i);
-    CCGRAPH_THROW(error, "device_mesh: no dimension named '", name, "' (dims: ", names_str(), ")");
-  }
+  CCGRAPH_DECL int dim_index(std::string_view name) const;
 
   /// True if `rank` is in the mesh.
   bool contains(int rank) const { return std::find(ranks_.begin(), ranks_.end(), rank) != ranks_.end(); }
 
   /// Coordinates of `rank` on the mesh (on the kept dims, for a sub-mesh).
-  std::vector<std::int64_t> coordinate(int rank) const {
-    auto it = std::find(ranks_.begin(), ranks_.end(), rank);
-    CCGRAPH_CHECK(it != ranks_.end(), "device_mesh: rank ", rank, " is not in the mesh ",
-                  list_str(ranks_));
-    std::int64_t flat = it - ranks_.begin();
-    std::vector<std::int64_t> c(pshape_.size());
-    for (std::size_t d = pshape_.size(); d-- > 0;) {
-      c[d] = flat % pshape_[d];
-      flat /= pshape_[d];
-    }
-    std::vector<std::int64_t> kept;
-    for (int d : kept_) kept.push_back(c[static_cast<std::size_t>(d)]);
-    return kept;
-  }
+  CCGRAPH_DECL std::vector<std::int64_t> coordinate(int rank) const;
 
   /// Every group along `dim`: the rank lists that vary only in that coordinate, in mesh order.
-  std::vector<std::vector<int>> groups_along(int dim) const {
-    const auto d = static_cast<std::size_t>(kept_[static_cast<std::size_t>(check_dim(dim))]);
-    const auto st = contiguous_strides(pshape_);
-    std::vector<std::vector<int>> out;
-    for (std::int64_t flat = 0; flat < static_cast<std::int64_t>(ranks_.size()); ++flat) {
-      if ((flat / st[d]) % pshape_[d] != 0) continue;  // not the first along dim
-      std::vector<int> g;
-      for (std::int64_t k = 0; k < pshape_[d]; ++k) g.push_back(ranks_[static_cast<std::size_t>(flat + k * st[d])]);
-      out.push_back(std::move(g));
-    }
-    return out;
-  }
+  CCGRAPH_DECL std::vector<std::vector<int>> groups_along(int dim) const;
 
  private:
-  static std::vector<int> iota(std::int64_t n) {
-    std::vector<int> r(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < r.size(); ++i) r[i] = static_cast<int>(i);
-    return r;
-  }
-  std::string names_str() const {
-    std::string all;
-    for (auto& n : names_) all += (all.empty() ? "" : ", ") + n;
-    return all.empty() ? std::string("unnamed") : all;
-  }
-  int check_dim(int dim) const {
-    CCGRAPH_CHECK(dim >= 0 && dim < ndim(), "device_mesh: dim ", dim, " out of range for a ",
-                  ndim(), "-d mesh");
-    return dim;
-  }
+  CCGRAPH_DECL static std::vector<int> iota(std::int64_t n);
+  CCGRAPH_DECL std::string names_str() const;
+  CCGRAPH_DECL int check_dim(int dim) const;
 
   shape_t shape_;                  // the sizes of this mesh's dims (the kept ones of a sub-mesh)
   std::vector<int> ranks_;         // every rank of the parent, row-major over pshape_
@@ -216,3 +125,7 @@ class device_mesh {
 };
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/group/impl/device_mesh.ipp>
+#endif

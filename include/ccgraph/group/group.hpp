@@ -66,60 +66,21 @@ CCGRAPH_DECL void check_group_fits(std::string_view what, const group_info& g, i
 class group_registry {
  public:
   /// A registry for a world of `world_size` ranks (0: unknown, as in a trace without a world).
-  explicit group_registry(int world_size) : world_size_(world_size) {
-    if (world_size <= 0) return;
-    std::vector<int> all(static_cast<std::size_t>(world_size));
-    for (int i = 0; i < world_size; ++i) all[static_cast<std::size_t>(i)] = i;
-    by_name_.emplace("0", all);
-  }
+  CCGRAPH_DECL explicit group_registry(int world_size);
   /// Registers `name` for `ranks`; registering it again with the same ranks is a no-op, with
   /// other ranks an error.
-  void add(const std::string& name, std::vector<int> ranks) {
-    ranks = canonical_ranks(std::move(ranks), world_size_, "register_group");
-    std::lock_guard lk(mu_);
-    auto [it, inserted] = by_name_.emplace(name, ranks);
-    CCGRAPH_CHECK(inserted || it->second == ranks, "register_group: name '", name,
-                  "' is already registered for ranks ", list_str(it->second), ", not ",
-                  list_str(ranks));
-  }
+  CCGRAPH_DECL void add(const std::string& name, std::vector<int> ranks);
   /// The ranks registered under `name`; an unknown name is an error.
-  std::vector<int> find(const std::string& name) const {
-    CCGRAPH_CHECK(name != "0" || world_size_ > 0,
-                  "group: the world group '0' needs a world size; trace inside run_threads or "
-                  "pass cg::trace_options{.world_size = N}");
-    std::lock_guard lk(mu_);
-    auto it = by_name_.find(name);
-    if (it != by_name_.end()) return it->second;
-    std::string known;
-    for (auto& [n, r] : by_name_) known += (known.empty() ? "'" : ", '") + n + "'";
-    CCGRAPH_THROW(error, "group: no group named '", name, "' is registered (known: ", known, ")");
-  }
+  CCGRAPH_DECL std::vector<int> find(const std::string& name) const;
   /// Registers every name of `other` here (a trace's fake world copies its rank's names).
-  void copy_names_from(const group_registry& other) {
-    std::scoped_lock lk(mu_, other.mu_);
-    for (auto& [n, r] : other.by_name_) by_name_.insert_or_assign(n, r);
-  }
+  CCGRAPH_DECL void copy_names_from(const group_registry& other);
   /// The canonical name of a rank list: "0" for the world, a registered name, or "[0, 1]".
-  std::string name_of(const std::vector<int>& ranks) const {
-    std::lock_guard lk(mu_);
-    for (auto& [n, r] : by_name_)
-      if (r == ranks) return n;
-    return list_str(ranks);
-  }
+  CCGRAPH_DECL std::string name_of(const std::vector<int>& ranks) const;
   /// Number of ranks in the world.
   int world_size() const { return world_size_; }
 
   /// Sorted, validated ranks: in [0, world_size), no duplicates, not empty.
-  static std::vector<int> canonical_ranks(std::vector<int> ranks, int world_size, const char* what) {
-    CCGRAPH_CHECK(!ranks.empty(), what, ": a group needs at least one rank");
-    std::sort(ranks.begin(), ranks.end());
-    CCGRAPH_CHECK(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(), what,
-                  ": rank listed twice in group ", list_str(ranks));
-    for (int r : ranks)
-      CCGRAPH_CHECK(r >= 0 && (world_size <= 0 || r < world_size), what, ": rank ", r,
-                    " is out of range for world size ", world_size);
-    return ranks;
-  }
+  CCGRAPH_DECL static std::vector<int> canonical_ranks(std::vector<int> ranks, int world_size, const char* what);
 
  private:
   mutable std::mutex mu_;
@@ -157,11 +118,7 @@ class group {
 
   /// This group (in whatever form) with tag `tag` instead of its own:
   ///   cg::group{mesh, "dp"}.tagged("fsdp_rs")
-  group tagged(std::string tag) const {
-    group g = *this;
-    g.tag_ = std::move(tag);
-    return g;
-  }
+  CCGRAPH_DECL group tagged(std::string tag) const;
   /// The tag (empty: the default group of its ranks).
   const std::string& tag() const noexcept { return tag_; }
 

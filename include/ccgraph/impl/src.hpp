@@ -17,12 +17,16 @@
 
 #include <ccgraph/ccgraph.hpp>
 
+#include <ccgraph/group/impl/device_mesh.ipp>
 #include <ccgraph/group/impl/group.ipp>
 #include <ccgraph/ir/impl/analysis.ipp>
 #include <ccgraph/ir/impl/graph.ipp>
 #include <ccgraph/ir/impl/node_op.ipp>
 #include <ccgraph/ir/impl/print.ipp>
+#include <ccgraph/ops/impl/attention.ipp>
 #include <ccgraph/ops/impl/collective_ops.ipp>
+#include <ccgraph/ops/impl/collectives.ipp>
+#include <ccgraph/ops/impl/comm_counter.ipp>
 #include <ccgraph/ops/impl/compute_ops.ipp>
 #include <ccgraph/ops/impl/index_ops.ipp>
 #include <ccgraph/ops/impl/normalization_ops.ipp>

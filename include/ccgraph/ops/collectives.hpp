@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include <ccgraph/core/config.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
 #include <ccgraph/expr/fwd.hpp>
@@ -483,14 +484,7 @@ std::vector<V> all_to_all(const std::vector<V>& outputs_like, const std::vector<
 
 /// Blocks until every member of `g` has called it (c10d's barrier, which on NCCL is an
 /// all_reduce of one element): an all_reduce of one byte on the calling rank's device, waited.
-inline void barrier(const group& g) {
-  rank_context& ctx = detail::current_rank("barrier");
-  const auto one = tensor<std::uint8_t>::from({1}, {1}).to(ctx.device());
-  (void)detail::launch_collective<std::uint8_t>(ctx, "barrier", ops::all_reduce{reduce_op::sum},
-                                                ctx.resolve(g, "barrier"), {one})
-      .front()
-      .wait();
-}
+CCGRAPH_DECL void barrier(const group& g);
 
 /// Waits until `t` is computed and returns it; a no-op on a tensor that is not pending.
 template <element T>
@@ -578,3 +572,7 @@ std::remove_cvref_t<D> all_to_all_single_(D&& out, const std::remove_cvref_t<D>&
 }
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ops/impl/collectives.ipp>
+#endif

@@ -8,6 +8,7 @@
 // scheduler's agreement check). Counting is per thread, so per rank on the threads backend.
 #pragma once
 
+#include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -49,34 +50,13 @@ class comm_counter {
   comm_counter& operator=(const comm_counter&) = delete;
 
   /// Collectives of `kind` counted, every phase together.
-  std::int64_t count(std::string_view kind) const {
-    const std::string k = canonical(kind);
-    std::int64_t n = 0;
-    for (const auto& [phase, kinds] : by_phase_)
-      if (auto it = kinds.find(k); it != kinds.end()) n += it->second;
-    return n;
-  }
+  CCGRAPH_DECL std::int64_t count(std::string_view kind) const;
   /// Collectives of `kind` counted in phase `phase` ("" is the unlabelled phase).
-  std::int64_t count(std::string_view kind, std::string_view phase) const {
-    auto p = by_phase_.find(std::string(phase));
-    if (p == by_phase_.end()) return 0;
-    auto it = p->second.find(canonical(kind));
-    return it == p->second.end() ? 0 : it->second;
-  }
+  CCGRAPH_DECL std::int64_t count(std::string_view kind, std::string_view phase) const;
   /// Every collective counted.
-  std::int64_t total() const {
-    std::int64_t n = 0;
-    for (const auto& [phase, kinds] : by_phase_)
-      for (const auto& [k, c] : kinds) n += c;
-    return n;
-  }
+  CCGRAPH_DECL std::int64_t total() const;
   /// Counts by kind, every phase together (CommDebugMode.get_comm_counts()).
-  std::map<std::string, std::int64_t> counts() const {
-    std::map<std::string, std::int64_t> out;
-    for (const auto& [phase, kinds] : by_phase_)
-      for (const auto& [k, c] : kinds) out[k] += c;
-    return out;
-  }
+  CCGRAPH_DECL std::map<std::string, std::int64_t> counts() const;
   /// Counts by phase, then kind.
   const std::map<std::string, std::map<std::string, std::int64_t>>& counts_by_phase() const { return by_phase_; }
   /// Forgets every count.
@@ -105,15 +85,10 @@ class comm_counter {
   const std::string& current_phase() const { return phase_; }
 
   /// Counts one collective of `kind` (called where collectives are issued).
-  void add(std::string_view kind) { ++by_phase_[phase_][std::string(kind)]; }
+  CCGRAPH_DECL void add(std::string_view kind);
 
  private:
-  static std::string canonical(std::string_view kind) {
-    if (kind == "all_gather") return "all_gather_into_tensor";
-    if (kind == "reduce_scatter") return "reduce_scatter_tensor";
-    if (kind == "all_to_all") return "all_to_all_single";
-    return std::string(kind);
-  }
+  CCGRAPH_DECL static std::string canonical(std::string_view kind);
 
   std::map<std::string, std::map<std::string, std::int64_t>> by_phase_;
   std::string phase_;
@@ -127,3 +102,7 @@ inline void note_collective(std::string_view kind) {
 }  // namespace detail
 
 }  // namespace ccgraph
+
+#if CCGRAPH_HEADER_ONLY
+#include <ccgraph/ops/impl/comm_counter.ipp>
+#endif

@@ -272,13 +272,7 @@ struct op_traits<ops::rms_norm> : ops::detail::kernel_op_traits {
 template <>
 struct op_traits<ops::layer_norm_backward> : ops::detail::kernel_op_traits {
   using O = ops::layer_norm_backward;
-  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
-    detail::norm_backward_infer_check<false>("layer_norm_backward", in, o.normalized_shape, o.has_weight, o.has_bias);
-    std::vector<tensor_meta> out{in[1]};
-    if (o.has_weight) out.push_back({in[1].dtype, o.normalized_shape});
-    if (o.has_bias) out.push_back({in[1].dtype, o.normalized_shape});
-    return out;
-  }
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&);
   template <class K>
   static std::vector<any_tensor> run_with(const O& o, const run_args& a, const K& kernel) {
     return ops::detail::visit_input<true>(O::name, a, 0, [&](auto tag) -> std::vector<any_tensor> {
@@ -306,12 +300,7 @@ struct op_traits<ops::layer_norm_backward> : ops::detail::kernel_op_traits {
 template <>
 struct op_traits<ops::rms_norm_backward> : ops::detail::kernel_op_traits {
   using O = ops::rms_norm_backward;
-  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&) {
-    detail::norm_backward_infer_check<true>("rms_norm_backward", in, o.normalized_shape, o.has_weight, false);
-    std::vector<tensor_meta> out{in[1]};
-    if (o.has_weight) out.push_back({in[1].dtype, o.normalized_shape});
-    return out;
-  }
+  static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx&);
   template <class K>
   static std::vector<any_tensor> run_with(const O& o, const run_args& a, const K& kernel) {
     return ops::detail::visit_input<true>(O::name, a, 0, [&](auto tag) -> std::vector<any_tensor> {

@@ -417,75 +417,14 @@ struct cost_model {
   /// time: `bytes` as NCCL counts them (all_reduce, broadcast: the buffer; all_gather: the
   /// output; reduce_scatter: the input; all_to_all: one rank's send buffer). Tree only for
   /// all_reduce, as NCCL. For the threads backend, the direct model (algo ring, proto simple).
-  nccl_estimate nccl_collective(nccl_coll coll, double bytes, int nranks) const {
-    // A ring reduce moves what a broadcast does; send/recv between two ranks is one pairwise
-    // step of the all_to_all (its bytes: both directions of the exchange), whatever the group.
-    if (coll == nccl_coll::reduce) coll = nccl_coll::broadcast;
-    if (coll == nccl_coll::send_recv) {
-      coll = nccl_coll::all_to_all;
-      nranks = 2;
-    }
-    nccl_estimate best;
-    if (nranks <= 1) {
-      best.us = device.launch_us;
-      return best;
-    }
-    if (device.backend == collective_backend::threads) {
-      best.us = threads_collective_us(coll, bytes, nranks);
-      return best;
-    }
-    const auto t = detail::nccl_topology_of(device, nranks);
-    if (coll == nccl_coll::all_to_all) {
-      // Grouped send/recv: one step to every peer at once. Bytes for peers on this node cross
-      // NVLink, for the others this GPU's NIC; latency of one Simple ring step.
-      const int ppn = std::min(nranks, std::max(1, device.gpus_per_node));
-      const double intra_bytes = bytes * (ppn - 1) / nranks;
-      const double inter_bytes = bytes * (nranks - ppn) / nranks;
-      const nccl_hw hw = t.nnodes == 1 ? t.intra_hw : nccl_hw::net;
-      const auto ring = static_cast<std::size_t>(nccl_algo::ring), simple = static_cast<std::size_t>(nccl_proto::simple);
-      const double lat = nccl_base_latency[ring][simple] + nccl_hw_latency[static_cast<std::size_t>(hw)][ring][simple];
-      double transfer = intra_bytes / (1000.0 * t.intra_bw);
-      if (inter_bytes > 0) transfer = std::max(transfer, inter_bytes / (1000.0 * t.net_bw));
-      best.us = device.launch_us + lat + transfer;
-      return best;
-    }
-    double best_time = std::numeric_limits<double>::infinity();
-    for (auto algo : {nccl_algo::tree, nccl_algo::ring})
-      for (auto proto : {nccl_proto::ll, nccl_proto::ll128, nccl_proto::simple}) {
-        const double time = detail::nccl_algo_time(device, t, coll, algo, proto, bytes);
-        if (time >= 0 && time < best_time) {
-          best_time = time;
-          best.algo = algo;
-          best.proto = proto;
-        }
-      }
-    best.us = device.launch_us + best_time;
-    return best;
-  }
+  CCGRAPH_DECL nccl_estimate nccl_collective(nccl_coll coll, double bytes, int nranks) const;
 
   /// Time of collective `op` on `inputs` (one rank's input metas) over `group_size` ranks: the
   /// calibration's interpolation when it has points for the op (for a coalesced op, else for
   /// its single-tensor op, op_traits<O>::single_op) at that group size, else the analytical
   /// model of the NCCL collective op_traits<O>::cost names. Coalesced ops are one launch moving
   /// the sum of their tensors. A collective's cost reads its inputs and the group size only.
-  double collective_us(const ops::collective_op& op, const std::vector<tensor_meta>& inputs, int group_size) const {
-    return ::ccgraph::detail::visit(
-        [&](const auto& o) {
-          using O = std::decay_t<decltype(o)>;
-          ::ccgraph::detail::require_cost<O>();
-          ::ccgraph::detail::require_bucketing<O>();
-          const op_cost c = op_traits<O>::cost(o, cost_args{inputs, {}, group_size});
-          CCGRAPH_CHECK(c.k == op_cost::kind::collective, "cost_model: ", O::name, " is not priced as a collective");
-          double bytes = 0;
-          for (auto& m : inputs) bytes += detail::bytes_of(m);
-          if (auto us = measured.interpolate(O::name, group_size, static_cast<std::int64_t>(bytes))) return *us;
-          using single = typename op_traits<O>::single_op;
-          if constexpr (!std::is_same_v<single, O>)
-            if (auto us = measured.interpolate(single::name, group_size, static_cast<std::int64_t>(bytes))) return *us;
-          return nccl_collective(c.coll, c.bytes, group_size).us;
-        },
-        op);
-  }
+  CCGRAPH_DECL double collective_us(const ops::collective_op& op, const std::vector<tensor_meta>& inputs, int group_size) const;
 
   /// Roofline time of a compute node, from what op_traits<O>::cost describes: max(FLOPs / peak,
   /// bytes / memory bandwidth) + launch. matmul: 2MNK FLOPs at the dtype's matmul peak,
@@ -494,61 +433,19 @@ struct cost_model {
   /// bytes only (contiguous is costed as the copy it is after a transpose: metas carry no
   /// strides). Ops that launch nothing (views, waits, placeholders, output): 0; collectives: 0
   /// (collective_us prices them).
-  double compute_us(const node& n) const {
-    std::vector<tensor_meta> in;
-    in.reserve(n.args().size());
-    for (std::size_t i = 0; i < n.args().size(); ++i) in.push_back(arg_meta(n, i));
-    const op_cost c = cost_of(n.kind(), in, n.metas(), n.group() ? n.group()->size() : 1);
-    switch (c.k) {
-      case op_cost::kind::free:
-      case op_cost::kind::collective: return 0.0;
-      case op_cost::kind::compute: break;
-    }
-    switch (c.peak) {
-      case peak_class::matmul: return roofline_us(c.flops, matmul_peak(c.dt), c.bytes);
-      case peak_class::vector: return roofline_us(c.flops, device.flops_f32, c.bytes);
-      case peak_class::none: break;
-    }
-    return roofline_us(0, 1, c.bytes);
-  }
+  CCGRAPH_DECL double compute_us(const node& n) const;
 
   /// Time of any node: collective_us over the node's group size and argument metas for
   /// collectives, compute_us for the rest.
-  double estimate_us(const node& n) const {
-    if (auto c = n.collective()) {
-      CCGRAPH_CHECK(n.group().has_value(), "cost_model: collective node %", n.name(), " has no group");
-      std::vector<tensor_meta> in;
-      in.reserve(n.args().size());
-      for (auto& a : n.args()) in.push_back(a.src->meta(a.index));
-      return collective_us(*c, in, n.group()->size());
-    }
-    return compute_us(n);
-  }
+  CCGRAPH_DECL double estimate_us(const node& n) const;
 
  private:
-  static const tensor_meta& arg_meta(const node& n, std::size_t i) {
-    CCGRAPH_CHECK(i < n.args().size(), "cost_model: node %", n.name(), " (", n.op(), ") has ", n.args().size(),
-                  " argument(s), not ", i + 1);
-    const auto& a = n.args()[i];
-    return a.src->meta(a.index);
-  }
+  CCGRAPH_DECL static const tensor_meta& arg_meta(const node& n, std::size_t i);
 
 
-  double matmul_peak(dtype dt) const {
-    switch (dt) {
-      case dtype::bf16:
-      case dtype::f16: return device.flops_bf16;
-      case dtype::f32: return allow_tf32 ? device.flops_tf32 : device.flops_f32;
-      case dtype::f64: return device.flops_f64;
-      default: return device.flops_f32;  // integer matmul runs on the vector units
-    }
-  }
+  CCGRAPH_DECL double matmul_peak(dtype dt) const;
 
-  double roofline_us(double flops, double peak, double bytes) const {
-    const double compute_s = peak > 0 ? flops / peak : 0;
-    const double memory_s = device.memory_bw > 0 ? bytes / device.memory_bw : 0;
-    return device.launch_us + 1e6 * std::max(compute_s, memory_s);
-  }
+  CCGRAPH_DECL double roofline_us(double flops, double peak, double bytes) const;
 
   /// The threads backend (runtime/cpu_collectives.hpp): each member's worker reads every
   /// member's buffer and writes its own, freshly allocated, output (the kernel zero-fills its
@@ -556,21 +453,7 @@ struct cost_model {
   /// Bytes moved per member, S as nccl_collective counts them: all_reduce n reads + 2 writes of
   /// S; all_gather (S = output), broadcast, all_to_all: 1 read + 2 writes of S; reduce_scatter
   /// (S = input): S read, 2 writes of S / n.
-  double threads_collective_us(nccl_coll coll, double bytes, int nranks) const {
-    const double n = nranks;
-    double per_rank = 0;
-    switch (coll) {
-      case nccl_coll::all_reduce: per_rank = (n + 2) * bytes; break;
-      case nccl_coll::reduce_scatter: per_rank = bytes + 2 * bytes / n; break;
-      case nccl_coll::all_gather:
-      case nccl_coll::broadcast:
-      case nccl_coll::all_to_all: per_rank = 3 * bytes; break;
-      case nccl_coll::reduce:
-      case nccl_coll::send_recv: break;  // priced as broadcast / all_to_all (nccl_collective)
-    }
-    const double traffic_s = device.memory_bw > 0 ? n * per_rank / device.memory_bw : 0;
-    return device.launch_us + (n - 1) * device.rendezvous_us + 1e6 * traffic_s;
-  }
+  CCGRAPH_DECL double threads_collective_us(nccl_coll coll, double bytes, int nranks) const;
 };
 
 }  // namespace ccgraph

@@ -165,48 +165,7 @@ struct liveness_info {
   const graph& g;
   std::size_t end = 0;  // the last position (the output node's)
 
-  explicit liveness_info(const graph& gr) : g(gr), end(gr.size() ? gr.size() - 1 : 0) {
-    const auto& nodes = g.nodes();
-    const std::size_t n = nodes.size();
-    // Values numbered by position, then output: value_begin_[p] + k.
-    value_begin_.assign(n + 1, 0);
-    for (std::size_t p = 0; p < n; ++p)
-      value_begin_[p + 1] = value_begin_[p] + static_cast<std::size_t>(nodes[p]->num_outputs());
-    // Readers of each value, by position; a node reading a value twice is listed once (its
-    // reads of one value come one after another, as readers are filled by position).
-    std::vector<std::size_t> count(value_begin_[n] + 1, 0);
-    for (const node* u : nodes)
-      for (auto& a : u->args()) ++count[value_id(a) + 1];
-    for (std::size_t v = 0; v + 1 < count.size(); ++v) count[v + 1] += count[v];
-    reader_begin_ = count;
-    readers_.resize(count.back());
-    for (const node* u : nodes)
-      for (auto& a : u->args()) {
-        const std::size_t v = value_id(a);
-        if (count[v] == reader_begin_[v] || readers_[count[v] - 1] != u) readers_[count[v]++] = u;
-      }
-    reader_end_.assign(count.begin(), count.end() - 1);
-    // read_end of every node.
-    read_end_.assign(n, 0);
-    for (std::size_t p = 0; p < n; ++p) {
-      const node* r = nodes[p];
-      std::size_t e = p;
-      if (std::holds_alternative<ops::output>(r->kind())) e = end;
-      else if (r->is_collective())
-        for (int k = 0; k < r->num_outputs() && e != end; ++k) {
-          const auto rs = readers(p, k);
-          if (rs.empty()) e = end;
-          for (const node* w : rs) {
-            if (!w->is_wait()) {
-              e = end;
-              break;
-            }
-            e = std::max(e, g.position(w));
-          }
-        }
-      read_end_[p] = e;
-    }
-  }
+  CCGRAPH_DECL explicit liveness_info(const graph& gr);
 
   /// Until when a node reading a value may still read it: its own position; for a collective,
   /// its last wait (the worker reads asynchronously), or the end when an output is not waited
@@ -214,10 +173,7 @@ struct liveness_info {
   std::size_t read_end(const node* r) const { return read_end_[g.position(r)]; }
 
   /// The nodes reading output `k` of the node at position `p`, each once, by position.
-  std::span<const node* const> readers(std::size_t p, int k) const {
-    const std::size_t v = value_begin_[p] + static_cast<std::size_t>(k);
-    return {readers_.data() + reader_begin_[v], reader_end_[v] - reader_begin_[v]};
-  }
+  CCGRAPH_DECL std::span<const node* const> readers(std::size_t p, int k) const;
   /// The nodes reading `v`, each once, by position.
   std::span<const node* const> readers(value_ref v) const { return readers(g.position(v.src), v.index); }
 
@@ -270,23 +226,7 @@ struct pack_item {
 /// on the path from leaf t to the root), and the items sorted by first position.
 class interval_index {
  public:
-  explicit interval_index(const std::vector<pack_item>& items) : first_(items.size()) {
-    std::size_t positions = 1;
-    for (const pack_item& it : items) positions = std::max(positions, it.last + 1);
-    while (leaves_ < positions) leaves_ *= 2;
-    std::vector<std::size_t> count(2 * leaves_, 0);
-    for (const pack_item& it : items) cover(it, [&](std::size_t k) { ++count[k]; });
-    begin_.assign(2 * leaves_ + 1, 0);
-    for (std::size_t k = 0; k < 2 * leaves_; ++k) begin_[k + 1] = begin_[k] + count[k];
-    listed_.resize(begin_.back());
-    std::vector<std::size_t> fill(begin_.begin(), begin_.end() - 1);
-    for (std::size_t i = 0; i < items.size(); ++i) cover(items[i], [&](std::size_t k) { listed_[fill[k]++] = i; });
-    by_first_.resize(items.size());
-    for (std::size_t i = 0; i < items.size(); ++i) by_first_[i] = i;
-    std::stable_sort(by_first_.begin(), by_first_.end(),
-                     [&](std::size_t a, std::size_t b) { return items[a].first < items[b].first; });
-    for (std::size_t r = 0; r < items.size(); ++r) first_[r] = items[by_first_[r]].first;
-  }
+  CCGRAPH_DECL explicit interval_index(const std::vector<pack_item>& items);
   /// Number of tree nodes (for `consumed` in take_live_at).
   std::size_t nodes() const { return 2 * leaves_; }
   /// Calls f(item) for every item live at position t.

@@ -61,16 +61,10 @@ struct trace_state {
   std::vector<std::pair<std::string, std::function<void(graph&)>>> finish;
 
   /// Asks for `step` on the finished graph, unless a step of this name is asked for already.
-  void finish_with(std::string name, std::function<void(graph&)> step) {
-    for (const auto& f : finish)
-      if (f.first == name) return;
-    finish.emplace_back(std::move(name), std::move(step));
-  }
+  CCGRAPH_DECL void finish_with(std::string name, std::function<void(graph&)> step);
 
   /// The canonical group of `g` for the traced rank ("the fake communicator").
-  group_info resolve(const group& grp, const char* what) const {
-    return grp.resolve(rank, *registry, what);
-  }
+  CCGRAPH_DECL group_info resolve(const group& grp, const char* what) const;
 };
 
 /// The calling thread's active trace, or null.

@@ -104,4 +104,61 @@ CCGRAPH_DECL group::lists_t group::check_mpmd(lists_t lists) {
   return lists;
 }
 
+CCGRAPH_DECL group_registry::group_registry(int world_size) : world_size_(world_size) {
+  if (world_size <= 0) return;
+  std::vector<int> all(static_cast<std::size_t>(world_size));
+  for (int i = 0; i < world_size; ++i) all[static_cast<std::size_t>(i)] = i;
+  by_name_.emplace("0", all);
+}
+
+CCGRAPH_DECL void group_registry::add(const std::string& name, std::vector<int> ranks) {
+  ranks = canonical_ranks(std::move(ranks), world_size_, "register_group");
+  std::lock_guard lk(mu_);
+  auto [it, inserted] = by_name_.emplace(name, ranks);
+  CCGRAPH_CHECK(inserted || it->second == ranks, "register_group: name '", name,
+                "' is already registered for ranks ", list_str(it->second), ", not ",
+                list_str(ranks));
+}
+
+CCGRAPH_DECL std::vector<int> group_registry::find(const std::string& name) const {
+  CCGRAPH_CHECK(name != "0" || world_size_ > 0,
+                "group: the world group '0' needs a world size; trace inside run_threads or "
+                "pass cg::trace_options{.world_size = N}");
+  std::lock_guard lk(mu_);
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return it->second;
+  std::string known;
+  for (auto& [n, r] : by_name_) known += (known.empty() ? "'" : ", '") + n + "'";
+  CCGRAPH_THROW(error, "group: no group named '", name, "' is registered (known: ", known, ")");
+}
+
+CCGRAPH_DECL void group_registry::copy_names_from(const group_registry& other) {
+  std::scoped_lock lk(mu_, other.mu_);
+  for (auto& [n, r] : other.by_name_) by_name_.insert_or_assign(n, r);
+}
+
+CCGRAPH_DECL std::string group_registry::name_of(const std::vector<int>& ranks) const {
+  std::lock_guard lk(mu_);
+  for (auto& [n, r] : by_name_)
+    if (r == ranks) return n;
+  return list_str(ranks);
+}
+
+CCGRAPH_DECL std::vector<int> group_registry::canonical_ranks(std::vector<int> ranks, int world_size, const char* what) {
+  CCGRAPH_CHECK(!ranks.empty(), what, ": a group needs at least one rank");
+  std::sort(ranks.begin(), ranks.end());
+  CCGRAPH_CHECK(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(), what,
+                ": rank listed twice in group ", list_str(ranks));
+  for (int r : ranks)
+    CCGRAPH_CHECK(r >= 0 && (world_size <= 0 || r < world_size), what, ": rank ", r,
+                  " is out of range for world size ", world_size);
+  return ranks;
+}
+
+CCGRAPH_DECL group group::tagged(std::string tag) const {
+  group g = *this;
+  g.tag_ = std::move(tag);
+  return g;
+}
+
 }  // namespace ccgraph

@@ -16,4 +16,23 @@ CCGRAPH_DECL std::optional<tensor_meta> optional_meta(const std::vector<tensor_m
 
 }  // namespace detail
 
+// Out of line: norm_backward_infer_check instantiates the kernels' shape checks for every
+// floating dtype, which is compiled here once rather than in every unit.
+CCGRAPH_DECL std::vector<tensor_meta> op_traits<ops::layer_norm_backward>::infer(const O& o, const std::vector<tensor_meta>& in,
+                                                              const infer_ctx&) {
+  detail::norm_backward_infer_check<false>("layer_norm_backward", in, o.normalized_shape, o.has_weight, o.has_bias);
+  std::vector<tensor_meta> out{in[1]};
+  if (o.has_weight) out.push_back({in[1].dtype, o.normalized_shape});
+  if (o.has_bias) out.push_back({in[1].dtype, o.normalized_shape});
+  return out;
+}
+
+CCGRAPH_DECL std::vector<tensor_meta> op_traits<ops::rms_norm_backward>::infer(const O& o, const std::vector<tensor_meta>& in,
+                                                              const infer_ctx&) {
+  detail::norm_backward_infer_check<true>("rms_norm_backward", in, o.normalized_shape, o.has_weight, false);
+  std::vector<tensor_meta> out{in[1]};
+  if (o.has_weight) out.push_back({in[1].dtype, o.normalized_shape});
+  return out;
+}
+
 }  // namespace ccgraph

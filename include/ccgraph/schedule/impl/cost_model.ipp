@@ -111,10 +111,6 @@ CCGRAPH_DECL double bytes_of(const tensor_meta& m) {
 
 }  // namespace detail
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL void calibration::add(std::string_view op, int group_size, std::int64_t bytes, double us) {
   CCGRAPH_CHECK(!op.empty(), "calibration::add: empty op name");
   CCGRAPH_CHECK(group_size >= 1, "calibration::add: group_size ", group_size, " for ", op, " must be >= 1");
@@ -124,17 +120,9 @@ CCGRAPH_DECL void calibration::add(std::string_view op, int group_size, std::int
   table_[key_t(std::string(op), group_size)][bytes] = us;
 }
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL bool calibration::has(std::string_view op, int group_size) const {
   return table_.find(key_t(std::string(op), group_size)) != table_.end();
 }
-
-}  // namespace ccgraph
-
-namespace ccgraph {
 
 CCGRAPH_DECL std::size_t calibration::size() const {
   std::size_t n = 0;
@@ -142,20 +130,12 @@ CCGRAPH_DECL std::size_t calibration::size() const {
   return n;
 }
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL std::vector<calibration::point> calibration::points() const {
   std::vector<point> v;
   for (auto& [k, pts] : table_)
     for (auto& [b, us] : pts) v.push_back({k.first, k.second, b, us});
   return v;
 }
-
-}  // namespace ccgraph
-
-namespace ccgraph {
 
 CCGRAPH_DECL std::optional<double> calibration::interpolate(std::string_view op, int group_size, std::int64_t bytes) const {
   auto it = table_.find(key_t(std::string(op), group_size));
@@ -183,10 +163,6 @@ CCGRAPH_DECL std::optional<double> calibration::interpolate(std::string_view op,
   return std::exp(std::log(y0) + f * (std::log(y1) - std::log(y0)));
 }
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL void calibration::load(std::istream& in) {
   calibration staged = *this;
   std::string line;
@@ -212,10 +188,6 @@ CCGRAPH_DECL void calibration::load(std::istream& in) {
   *this = std::move(staged);
 }
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL void calibration::save(std::ostream& out) const {
   std::ostringstream os;
   os.precision(17);
@@ -224,20 +196,12 @@ CCGRAPH_DECL void calibration::save(std::ostream& out) const {
   out << os.str();
 }
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL std::string calibration::trim(std::string_view s) {
   const auto b = s.find_first_not_of(" \t");
   if (b == std::string_view::npos) return {};
   const auto e = s.find_last_not_of(" \t");
   return std::string(s.substr(b, e - b + 1));
 }
-
-}  // namespace ccgraph
-
-namespace ccgraph {
 
 CCGRAPH_DECL std::vector<std::string> calibration::split_csv(const std::string& line) {
   std::vector<std::string> f;
@@ -249,10 +213,6 @@ CCGRAPH_DECL std::vector<std::string> calibration::split_csv(const std::string& 
     start = comma + 1;
   }
 }
-
-}  // namespace ccgraph
-
-namespace ccgraph {
 
 CCGRAPH_DECL std::optional<std::int64_t> calibration::parse_int(const std::string& s) {
   if (s.empty()) return std::nullopt;
@@ -266,10 +226,6 @@ CCGRAPH_DECL std::optional<std::int64_t> calibration::parse_int(const std::strin
   }
 }
 
-}  // namespace ccgraph
-
-namespace ccgraph {
-
 CCGRAPH_DECL std::optional<double> calibration::parse_double(const std::string& s) {
   if (s.empty()) return std::nullopt;
   std::size_t pos = 0;
@@ -280,6 +236,139 @@ CCGRAPH_DECL std::optional<double> calibration::parse_double(const std::string& 
   } catch (...) {
     return std::nullopt;
   }
+}
+
+CCGRAPH_DECL nccl_estimate cost_model::nccl_collective(nccl_coll coll, double bytes, int nranks) const {
+  // A ring reduce moves what a broadcast does; send/recv between two ranks is one pairwise
+  // step of the all_to_all (its bytes: both directions of the exchange), whatever the group.
+  if (coll == nccl_coll::reduce) coll = nccl_coll::broadcast;
+  if (coll == nccl_coll::send_recv) {
+    coll = nccl_coll::all_to_all;
+    nranks = 2;
+  }
+  nccl_estimate best;
+  if (nranks <= 1) {
+    best.us = device.launch_us;
+    return best;
+  }
+  if (device.backend == collective_backend::threads) {
+    best.us = threads_collective_us(coll, bytes, nranks);
+    return best;
+  }
+  const auto t = detail::nccl_topology_of(device, nranks);
+  if (coll == nccl_coll::all_to_all) {
+    // Grouped send/recv: one step to every peer at once. Bytes for peers on this node cross
+    // NVLink, for the others this GPU's NIC; latency of one Simple ring step.
+    const int ppn = std::min(nranks, std::max(1, device.gpus_per_node));
+    const double intra_bytes = bytes * (ppn - 1) / nranks;
+    const double inter_bytes = bytes * (nranks - ppn) / nranks;
+    const nccl_hw hw = t.nnodes == 1 ? t.intra_hw : nccl_hw::net;
+    const auto ring = static_cast<std::size_t>(nccl_algo::ring), simple = static_cast<std::size_t>(nccl_proto::simple);
+    const double lat = nccl_base_latency[ring][simple] + nccl_hw_latency[static_cast<std::size_t>(hw)][ring][simple];
+    double transfer = intra_bytes / (1000.0 * t.intra_bw);
+    if (inter_bytes > 0) transfer = std::max(transfer, inter_bytes / (1000.0 * t.net_bw));
+    best.us = device.launch_us + lat + transfer;
+    return best;
+  }
+  double best_time = std::numeric_limits<double>::infinity();
+  for (auto algo : {nccl_algo::tree, nccl_algo::ring})
+    for (auto proto : {nccl_proto::ll, nccl_proto::ll128, nccl_proto::simple}) {
+      const double time = detail::nccl_algo_time(device, t, coll, algo, proto, bytes);
+      if (time >= 0 && time < best_time) {
+        best_time = time;
+        best.algo = algo;
+        best.proto = proto;
+      }
+    }
+  best.us = device.launch_us + best_time;
+  return best;
+}
+
+CCGRAPH_DECL double cost_model::collective_us(const ops::collective_op& op, const std::vector<tensor_meta>& inputs, int group_size) const {
+  return ::ccgraph::detail::visit(
+      [&](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        ::ccgraph::detail::require_cost<O>();
+        ::ccgraph::detail::require_bucketing<O>();
+        const op_cost c = op_traits<O>::cost(o, cost_args{inputs, {}, group_size});
+        CCGRAPH_CHECK(c.k == op_cost::kind::collective, "cost_model: ", O::name, " is not priced as a collective");
+        double bytes = 0;
+        for (auto& m : inputs) bytes += detail::bytes_of(m);
+        if (auto us = measured.interpolate(O::name, group_size, static_cast<std::int64_t>(bytes))) return *us;
+        using single = typename op_traits<O>::single_op;
+        if constexpr (!std::is_same_v<single, O>)
+          if (auto us = measured.interpolate(single::name, group_size, static_cast<std::int64_t>(bytes))) return *us;
+        return nccl_collective(c.coll, c.bytes, group_size).us;
+      },
+      op);
+}
+
+CCGRAPH_DECL double cost_model::compute_us(const node& n) const {
+  std::vector<tensor_meta> in;
+  in.reserve(n.args().size());
+  for (std::size_t i = 0; i < n.args().size(); ++i) in.push_back(arg_meta(n, i));
+  const op_cost c = cost_of(n.kind(), in, n.metas(), n.group() ? n.group()->size() : 1);
+  switch (c.k) {
+    case op_cost::kind::free:
+    case op_cost::kind::collective: return 0.0;
+    case op_cost::kind::compute: break;
+  }
+  switch (c.peak) {
+    case peak_class::matmul: return roofline_us(c.flops, matmul_peak(c.dt), c.bytes);
+    case peak_class::vector: return roofline_us(c.flops, device.flops_f32, c.bytes);
+    case peak_class::none: break;
+  }
+  return roofline_us(0, 1, c.bytes);
+}
+
+CCGRAPH_DECL double cost_model::estimate_us(const node& n) const {
+  if (auto c = n.collective()) {
+    CCGRAPH_CHECK(n.group().has_value(), "cost_model: collective node %", n.name(), " has no group");
+    std::vector<tensor_meta> in;
+    in.reserve(n.args().size());
+    for (auto& a : n.args()) in.push_back(a.src->meta(a.index));
+    return collective_us(*c, in, n.group()->size());
+  }
+  return compute_us(n);
+}
+
+CCGRAPH_DECL const tensor_meta& cost_model::arg_meta(const node& n, std::size_t i) {
+  CCGRAPH_CHECK(i < n.args().size(), "cost_model: node %", n.name(), " (", n.op(), ") has ", n.args().size(),
+                " argument(s), not ", i + 1);
+  const auto& a = n.args()[i];
+  return a.src->meta(a.index);
+}
+
+CCGRAPH_DECL double cost_model::matmul_peak(dtype dt) const {
+  switch (dt) {
+    case dtype::bf16:
+    case dtype::f16: return device.flops_bf16;
+    case dtype::f32: return allow_tf32 ? device.flops_tf32 : device.flops_f32;
+    case dtype::f64: return device.flops_f64;
+    default: return device.flops_f32;  // integer matmul runs on the vector units
+  }
+}
+
+CCGRAPH_DECL double cost_model::roofline_us(double flops, double peak, double bytes) const {
+  const double compute_s = peak > 0 ? flops / peak : 0;
+  const double memory_s = device.memory_bw > 0 ? bytes / device.memory_bw : 0;
+  return device.launch_us + 1e6 * std::max(compute_s, memory_s);
+}
+
+CCGRAPH_DECL double cost_model::threads_collective_us(nccl_coll coll, double bytes, int nranks) const {
+  const double n = nranks;
+  double per_rank = 0;
+  switch (coll) {
+    case nccl_coll::all_reduce: per_rank = (n + 2) * bytes; break;
+    case nccl_coll::reduce_scatter: per_rank = bytes + 2 * bytes / n; break;
+    case nccl_coll::all_gather:
+    case nccl_coll::broadcast:
+    case nccl_coll::all_to_all: per_rank = 3 * bytes; break;
+    case nccl_coll::reduce:
+    case nccl_coll::send_recv: break;  // priced as broadcast / all_to_all (nccl_collective)
+  }
+  const double traffic_s = device.memory_bw > 0 ? n * per_rank / device.memory_bw : 0;
+  return device.launch_us + (n - 1) * device.rendezvous_us + 1e6 * traffic_s;
 }
 
 }  // namespace ccgraph

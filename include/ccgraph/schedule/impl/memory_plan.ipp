@@ -36,6 +36,25 @@ CCGRAPH_DECL bool copies(const node& n, const layout& in) {
   return aliasing_of(n.kind()) == alias_kind::view_or_copy && !in.is_contiguous();
 }
 
+// Out of line: its std::stable_sort is instantiated here once, not in every unit.
+CCGRAPH_DECL interval_index::interval_index(const std::vector<pack_item>& items) : first_(items.size()) {
+  std::size_t positions = 1;
+  for (const pack_item& it : items) positions = std::max(positions, it.last + 1);
+  while (leaves_ < positions) leaves_ *= 2;
+  std::vector<std::size_t> count(2 * leaves_, 0);
+  for (const pack_item& it : items) cover(it, [&](std::size_t k) { ++count[k]; });
+  begin_.assign(2 * leaves_ + 1, 0);
+  for (std::size_t k = 0; k < 2 * leaves_; ++k) begin_[k + 1] = begin_[k] + count[k];
+  listed_.resize(begin_.back());
+  std::vector<std::size_t> fill(begin_.begin(), begin_.end() - 1);
+  for (std::size_t i = 0; i < items.size(); ++i) cover(items[i], [&](std::size_t k) { listed_[fill[k]++] = i; });
+  by_first_.resize(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) by_first_[i] = i;
+  std::stable_sort(by_first_.begin(), by_first_.end(),
+                   [&](std::size_t a, std::size_t b) { return items[a].first < items[b].first; });
+  for (std::size_t r = 0; r < items.size(); ++r) first_[r] = items[by_first_[r]].first;
+}
+
 CCGRAPH_DECL std::pair<std::vector<std::int64_t>, std::int64_t> pack(const std::vector<pack_item>& items,
                                                                const interval_index& index,
                                                                const std::vector<std::size_t>& order,
@@ -716,4 +735,58 @@ CCGRAPH_DECL std::string to_string(const memory_plan& p) {
   return os.str();
 }
 
+}  // namespace ccgraph
+
+namespace ccgraph {
+namespace detail {
+
+CCGRAPH_DECL liveness_info::liveness_info(const graph& gr) : g(gr), end(gr.size() ? gr.size() - 1 : 0) {
+  const auto& nodes = g.nodes();
+  const std::size_t n = nodes.size();
+  // Values numbered by position, then output: value_begin_[p] + k.
+  value_begin_.assign(n + 1, 0);
+  for (std::size_t p = 0; p < n; ++p)
+    value_begin_[p + 1] = value_begin_[p] + static_cast<std::size_t>(nodes[p]->num_outputs());
+  // Readers of each value, by position; a node reading a value twice is listed once (its
+  // reads of one value come one after another, as readers are filled by position).
+  std::vector<std::size_t> count(value_begin_[n] + 1, 0);
+  for (const node* u : nodes)
+    for (auto& a : u->args()) ++count[value_id(a) + 1];
+  for (std::size_t v = 0; v + 1 < count.size(); ++v) count[v + 1] += count[v];
+  reader_begin_ = count;
+  readers_.resize(count.back());
+  for (const node* u : nodes)
+    for (auto& a : u->args()) {
+      const std::size_t v = value_id(a);
+      if (count[v] == reader_begin_[v] || readers_[count[v] - 1] != u) readers_[count[v]++] = u;
+    }
+  reader_end_.assign(count.begin(), count.end() - 1);
+  // read_end of every node.
+  read_end_.assign(n, 0);
+  for (std::size_t p = 0; p < n; ++p) {
+    const node* r = nodes[p];
+    std::size_t e = p;
+    if (std::holds_alternative<ops::output>(r->kind())) e = end;
+    else if (r->is_collective())
+      for (int k = 0; k < r->num_outputs() && e != end; ++k) {
+        const auto rs = readers(p, k);
+        if (rs.empty()) e = end;
+        for (const node* w : rs) {
+          if (!w->is_wait()) {
+            e = end;
+            break;
+          }
+          e = std::max(e, g.position(w));
+        }
+      }
+    read_end_[p] = e;
+  }
+}
+
+CCGRAPH_DECL std::span<const node* const> liveness_info::readers(std::size_t p, int k) const {
+  const std::size_t v = value_begin_[p] + static_cast<std::size_t>(k);
+  return {readers_.data() + reader_begin_[v], reader_end_[v] - reader_begin_[v]};
+}
+
+}  // namespace detail
 }  // namespace ccgraph

@@ -17,3 +17,19 @@ CCGRAPH_DECL trace_state*& current_trace_ptr() {
 }  // namespace detail
 
 }  // namespace ccgraph
+
+namespace ccgraph {
+namespace detail {
+
+CCGRAPH_DECL void trace_state::finish_with(std::string name, std::function<void(graph&)> step) {
+  for (const auto& f : finish)
+    if (f.first == name) return;
+  finish.emplace_back(std::move(name), std::move(step));
+}
+
+CCGRAPH_DECL group_info trace_state::resolve(const group& grp, const char* what) const {
+  return grp.resolve(rank, *registry, what);
+}
+
+}  // namespace detail
+}  // namespace ccgraph
