@@ -30,6 +30,7 @@
 #include <ccgraph/ops/impl/user_op.ipp>
 #include <ccgraph/runtime/impl/cpu_collectives.ipp>
 #include <ccgraph/runtime/impl/executor.ipp>
+#include <ccgraph/runtime/impl/preflight.ipp>
 #include <ccgraph/runtime/impl/threads.ipp>
 #include <ccgraph/runtime/impl/verify.ipp>
 #include <ccgraph/schedule/impl/agreement.ipp>
