@@ -17,6 +17,7 @@
 
 #include <ccgraph/ccgraph.hpp>
 
+#include <ccgraph/core/impl/log.ipp>
 #include <ccgraph/group/impl/group.ipp>
 #include <ccgraph/ir/impl/analysis.ipp>
 #include <ccgraph/ir/impl/graph.ipp>

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/log.hpp>
 #include <ccgraph/core/source_location.hpp>
 #include <ccgraph/comm/communicator.hpp>
 #include <ccgraph/runtime/cpu_collectives.hpp>
@@ -315,6 +316,8 @@ void run_threads(int n, F&& fn, threads_options opt = {}) {
                   created + 1, " of its ", 2 * n, " threads failed (", e.what(),
                   "); no rank's function was run");
   }
+  detail::log(log_level::info, "threads", "world of ", n, " ranks started (collective timeout ",
+              detail::timeout_text(opt.timeout), ")");
   gate.open();
   for (auto& t : ranks) t.join();
   if (auto e = world.first_error()) std::rethrow_exception(e);

@@ -211,6 +211,8 @@ CCGRAPH_DECL void threads_world::abort_locked(int rank, std::exception_ptr e) {
   } catch (...) {
     failure_ = "unknown exception";
   }
+  // Rethrown by run_threads too: info, not error, so a failing test or program is not told twice.
+  detail::log(log_level::info, "threads", "rank ", rank, " failed, aborting the world: ", failure_);
   // Release every rank blocked on a collective that can no longer complete.
   for (auto& [key, g] : groups_) {
     for (auto& [seq, s] : g.pending) {
