@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ccgraph/ccgraph.hpp>
@@ -32,7 +33,9 @@ std::string site(int line) { return "test_preflight.cpp:" + std::to_string(line)
 /// A strict JSON reader, enough to validate the trace: returns false on any syntax error, and
 /// collects every value of a "pid" key.
 struct json_reader {
-  const std::string& s;
+  explicit json_reader(std::string text) : s(std::move(text)) {}
+
+  std::string s;
   std::size_t i = 0;
   std::set<long> pids;
 
