@@ -513,11 +513,14 @@ TEST_CASE("mismatch.different_group") {
         else cg::all_reduce(t, "sum", ctx.world()).wait();
       },
       "all_reduce(f32[4], op=sum, group=[0, 1])", "all_reduce(f32[4], op=sum, group=[0, 1, 2])");
+  const int line = __LINE__ - 4;  // rank 1's call; the others' is on the next line
   CHECK(msg ==
         "collective mismatch between rank 0 and rank 1, which issued their collectives in orders "
         "that wait on each other: rank 0 waits in all_reduce(f32[4], op=sum, group=[0, 1, 2]) "
         "(collective #0 on its group) for rank 1; rank 1 waits in all_reduce(f32[4], op=sum, "
-        "group=[0, 1]) (collective #0 on its group) for rank 0; none of these can complete");
+        "group=[0, 1]) (collective #0 on its group) for rank 0; none of these can complete (called from rank 0 at " +
+            std::string(__FILE__) + ":" + std::to_string(line + 1) + ", rank 1 at " + std::string(__FILE__) + ":" +
+            std::to_string(line) + ")");
 }
 
 TEST_CASE("mismatch.shared_groups_in_swapped_order") {
@@ -790,9 +793,12 @@ TEST_CASE("exit.a_returned_rank_fails_its_peers_at_once") {
   REQUIRE(thrown);
   CHECK_THROWS_AS(std::rethrow_exception(thrown), cg::collective_mismatch_error);
   const std::string msg = what_of(thrown);
-  CHECK(msg ==
-        "all_reduce(f32[4], op=sum, group=[0, 1]) (collective #0 on its group), issued by rank 0, "
-        "can never complete: rank 1 returned from its function without issuing it");
+  // The message names where rank 0 called it (the lambda above, in this file).
+  CHECK_MESSAGE(msg.starts_with("all_reduce(f32[4], op=sum, group=[0, 1]) (collective #0 on its group), issued by rank 0 "
+                                "at "),
+                msg);
+  CHECK_MESSAGE(contains(msg, "test_threads.cpp:"), msg);
+  CHECK_MESSAGE(msg.ends_with(", can never complete: rank 1 returned from its function without issuing it"), msg);
   CHECK(outcomes[0].kind == outcome::mismatch);
   CHECK(outcomes[1].kind == outcome::none);
 

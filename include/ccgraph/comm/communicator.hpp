@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ struct collective_request {
   /// it on fewer SMs and make the matmul leave SMs to it; with `none` it may run it in the
   /// caller's stream order, as there is nothing for a second stream to overlap.
   overlap_hint overlap = overlap_hint::unknown;
+  /// Where the user called the collective (the public call, or the traced node a compiled
+  /// graph runs); line 0 when unknown. Mismatch errors name it.
+  std::source_location source{};
 
   /// The schedule overlaps a matmul with this collective.
   bool overlapped() const { return overlap == overlap_hint::matmul; }

@@ -17,6 +17,7 @@
 
 #include <ccgraph/ccgraph.hpp>
 
+#include <ccgraph/core/impl/log.ipp>
 #include <ccgraph/group/impl/device_mesh.ipp>
 #include <ccgraph/group/impl/group.ipp>
 #include <ccgraph/ir/impl/analysis.ipp>
@@ -34,6 +35,7 @@
 #include <ccgraph/ops/impl/user_op.ipp>
 #include <ccgraph/runtime/impl/cpu_collectives.ipp>
 #include <ccgraph/runtime/impl/executor.ipp>
+#include <ccgraph/runtime/impl/preflight.ipp>
 #include <ccgraph/runtime/impl/threads.ipp>
 #include <ccgraph/runtime/impl/verify.ipp>
 #include <ccgraph/schedule/impl/agreement.ipp>

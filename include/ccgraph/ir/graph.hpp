@@ -16,6 +16,7 @@
 
 #include <ccgraph/core/config.hpp>
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/source_location.hpp>
 #include <ccgraph/core/tensor_meta.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ir/node_op.hpp>
@@ -92,6 +93,9 @@ class node {
   bool is_view() const { return category() == op_category::view; }
   /// The graph that owns this node.
   const graph* owner() const { return owner_; }
+  /// Where the user called the collective this node records (file and line), when it was
+  /// traced from a public collective call; an unknown location (line 0) otherwise.
+  const std::source_location& source() const { return source_; }
 
  private:
   friend class graph;
@@ -103,6 +107,7 @@ class node {
   std::vector<node*> users_;
   std::vector<tensor_meta> metas_;
   std::optional<group_info> group_;
+  std::source_location source_{};
   graph* owner_;
   std::size_t pos_ = 0;  // index in the owner's order, kept by graph::reindex
 };
@@ -150,6 +155,10 @@ class graph {
   CCGRAPH_DECL node* add_placeholder(const tensor_meta& m, bool pending = false, std::string_view hint = {});
   /// Sets the graph's results (replacing an earlier output node).
   CCGRAPH_DECL node* set_output(std::vector<value_ref> results);
+
+  /// Sets where the user called `n`'s collective (node::source); passes that replace
+  /// collectives pass their originals' on.
+  void set_source(node* n, const std::source_location& loc) { n->source_ = loc; }
 
   /// The one mutator of arguments: replaces `n`'s arguments and keeps every users list right.
   CCGRAPH_DECL void set_args(node* n, std::vector<value_ref> args);

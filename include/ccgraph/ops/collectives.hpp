@@ -2,12 +2,16 @@
 // Inputs are never modified and results are pending, waited at first use. Each function is
 // written once for every kind of value: on tensors it launches on the calling rank's
 // communicator; on symbolic values (inside cg::trace) it records the collective and its wait.
-// Either way it validates through the op's one definition (ops::infer).
+// Either way it validates through the op's one definition (ops::infer). Each takes a last,
+// defaulted std::source_location: where the user called it, which the recorded node and the
+// launched request carry, so that a mismatch names the file and line of every rank's call
+// (core/source_location.hpp). Callers never pass it.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <source_location>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -15,6 +19,7 @@
 #include <ccgraph/core/config.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/reduce_op.hpp>
+#include <ccgraph/core/source_location.hpp>
 #include <ccgraph/expr/fwd.hpp>
 #include <ccgraph/group/group.hpp>
 #include <ccgraph/ops/collective_ops.hpp>
@@ -51,6 +56,7 @@ std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, op
   auto req = std::make_shared<collective_request>();
   req->group = std::move(gi);
   req->overlap = overlap;
+  req->source = current_call_site();
   std::vector<tensor_meta> metas;
   metas.reserve(inputs.size());
   for (auto& t : inputs) {
@@ -153,14 +159,18 @@ concept collective_input =
 /// Reduces `t` across the group; every member gets the result. The input is left unmodified;
 /// the result is pending until first used.
 template <collective_input X>
-auto all_reduce(const X& t, reduce_op_arg op, const group& g) {
+auto all_reduce(const X& t, reduce_op_arg op, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   return detail::issue_one("all_reduce", ops::all_reduce{op}, g, detail::as_value(t));
 }
 
 /// Gathers every member's `t` and concatenates along `gather_dim` (dim 0 natively; other dims
 /// gather on dim 0, then chunk and concatenate, which waits).
 template <collective_input X>
-auto all_gather_tensor(const X& x, std::int64_t gather_dim, const group& g) {
+auto all_gather_tensor(const X& x, std::int64_t gather_dim, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using V = decltype(t);
   const int dim = normalize_dim(gather_dim, t.shape().size(), "all_gather_tensor");
@@ -173,7 +183,9 @@ auto all_gather_tensor(const X& x, std::int64_t gather_dim, const group& g) {
 /// Reduces `t` across the group and gives member i chunk i along `scatter_dim`, whose size must
 /// be a multiple of the group size.
 template <collective_input X>
-auto reduce_scatter_tensor(const X& x, reduce_op_arg op, std::int64_t scatter_dim, const group& g) {
+auto reduce_scatter_tensor(const X& x, reduce_op_arg op, std::int64_t scatter_dim, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using V = decltype(t);
   CCGRAPH_CHECK(!t.shape().empty(), "reduce_scatter_tensor: the input must have at least one "
@@ -189,7 +201,9 @@ auto reduce_scatter_tensor(const X& x, reduce_op_arg op, std::int64_t scatter_di
 /// `output_split_sizes[j]` rows from member j. Both sizes are given or neither (even split).
 template <collective_input X>
 auto all_to_all_single(const X& x, std::optional<std::vector<std::int64_t>> output_split_sizes,
-                       std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g) {
+                       std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using V = decltype(t);
   CCGRAPH_CHECK(output_split_sizes.has_value() == input_split_sizes.has_value(),
@@ -211,7 +225,9 @@ auto all_to_all_single(const X& x, std::optional<std::vector<std::int64_t>> outp
 
 /// Every member gets the tensor of global rank `src`.
 template <collective_input X>
-auto broadcast(const X& t, int src, const group& g) {
+auto broadcast(const X& t, int src, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   return detail::issue_one("broadcast", ops::broadcast{src}, g, detail::as_value(t));
 }
 
@@ -219,7 +235,9 @@ auto broadcast(const X& t, int src, const group& g) {
 /// and receives from the member that maps to it. `src_dst` must be a permutation of the group
 /// indices. Built on all_to_all_single, as in PyTorch.
 template <collective_input X>
-auto permute_tensor(const X& x, const std::vector<int>& src_dst, const group& g) {
+auto permute_tensor(const X& x, const std::vector<int>& src_dst, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using B = detail::collective_backend<decltype(t)>;
   const group_info gi = B::resolve(g, "permute_tensor");
@@ -250,14 +268,18 @@ auto permute_tensor(const X& x, const std::vector<int>& src_dst, const group& g)
 /// all_reduce of several tensors in one launch; one pending output per input.
 template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
-std::vector<V> all_reduce_coalesced(const std::vector<V>& ts, reduce_op_arg op, const group& g) {
+std::vector<V> all_reduce_coalesced(const std::vector<V>& ts, reduce_op_arg op, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   return detail::issue<V>("all_reduce_coalesced", ops::all_reduce_coalesced{op}, g, ts);
 }
 
 /// all_gather (dim 0) of several tensors in one launch; one pending output per input.
 template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
-std::vector<V> all_gather_into_tensor_coalesced(const std::vector<V>& ts, const group& g) {
+std::vector<V> all_gather_into_tensor_coalesced(const std::vector<V>& ts, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   const int n = detail::group_size_of<V>(g, "all_gather_into_tensor_coalesced");
   return detail::issue<V>("all_gather_into_tensor_coalesced", ops::all_gather_into_tensor_coalesced{n}, g, ts);
 }
@@ -267,7 +289,9 @@ template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
 std::vector<V> reduce_scatter_tensor_coalesced(const std::vector<V>& ts, reduce_op_arg op,
                                                const std::vector<std::int64_t>& scatter_dims,
-                                               const group& g) {
+                                               const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   const char* what = "reduce_scatter_tensor_coalesced";
   CCGRAPH_CHECK(scatter_dims.size() == ts.size(), what, ": ", scatter_dims.size(),
                 " scatter dims for ", ts.size(), " tensors");
@@ -318,7 +342,9 @@ p2p_op<V> irecv(const V& like, int src) {
 /// a); a mismatch or a missing peer is an error on both ranks, never a hang.
 template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
-std::vector<V> batch_isend_irecv(const std::vector<p2p_op<V>>& ops, const group& g) {
+std::vector<V> batch_isend_irecv(const std::vector<p2p_op<V>>& ops, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   const char* what = "batch_isend_irecv";
   using B = detail::collective_backend<V>;
   const group_info gi = B::resolve(g, what);
@@ -349,13 +375,17 @@ std::vector<V> batch_isend_irecv(const std::vector<p2p_op<V>>& ops, const group&
 /// batch_isend_irecv of a braced list: `batch_isend_irecv({isend(x, 1), irecv(y, 1)}, g)`.
 template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
-std::vector<V> batch_isend_irecv(std::initializer_list<p2p_op<V>> ops, const group& g) {
+std::vector<V> batch_isend_irecv(std::initializer_list<p2p_op<V>> ops, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   return batch_isend_irecv(std::vector<p2p_op<V>>(ops), g);
 }
 
 /// Sends `t` to global rank `dst` of group `g` and returns once it is sent (c10d's send).
 template <collective_input X>
-void send(const X& t, int dst, const group& g) {
+void send(const X& t, int dst, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto v = detail::as_value(t);
   (void)batch_isend_irecv(std::vector<p2p_op<decltype(v)>>{{true, v, dst}}, g);
 }
@@ -364,7 +394,9 @@ void send(const X& t, int dst, const group& g) {
 /// recv, functional: `like` is not written); returns it received.
 template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
-V recv(const V& like, int src, const group& g) {
+V recv(const V& like, int src, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   V r = std::move(batch_isend_irecv(std::vector<p2p_op<V>>{{false, like, src}}, g).front());
   if constexpr (is_tensor_v<V>) r.wait();
   return r;
@@ -375,7 +407,9 @@ V recv(const V& like, int src, const group& g) {
 /// Reduces `t` across the group to global rank `dst` (c10d's reduce): `dst` gets the
 /// reduction; every other member gets its own `t` back. Pending until first used.
 template <collective_input X>
-auto reduce(const X& t, int dst, reduce_op_arg op, const group& g) {
+auto reduce(const X& t, int dst, reduce_op_arg op, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   return detail::issue_one("reduce", ops::reduce{op, dst}, g, detail::as_value(t));
 }
 
@@ -393,7 +427,9 @@ std::vector<V> batch_or_nothing(const std::vector<p2p_op<V>>& ops, const group& 
 /// every other member an empty list once its `t` is sent. Every member's `t` must have the
 /// same shape and dtype (else both ends of the transfer fail).
 template <collective_input X>
-auto gather(const X& x, int dst, const group& g) {
+auto gather(const X& x, int dst, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using V = decltype(t);
   using B = detail::collective_backend<V>;
@@ -419,7 +455,9 @@ auto gather(const X& x, int dst, const group& g) {
 /// `src`'s tensor. Every member passes a tensor of the same shape and dtype (elsewhere than on
 /// `src` only its shape and dtype are read), whose dim 0 is a multiple of the group size.
 template <collective_input X>
-auto scatter(const X& x, int src, const group& g) {
+auto scatter(const X& x, int src, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using V = decltype(t);
   using B = detail::collective_backend<V>;
@@ -444,7 +482,9 @@ auto scatter(const X& x, int src, const group& g) {
 /// Gathers every member's `t` into a list, one tensor per member in group order (c10d's
 /// all_gather into a tensor list): all_gather_into_tensor, then its chunks.
 template <collective_input X>
-auto all_gather(const X& x, const group& g) {
+auto all_gather(const X& x, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto t = detail::as_value(x);
   using V = decltype(t);
   const int n = detail::group_size_of<V>(g, "all_gather");
@@ -458,7 +498,9 @@ auto all_gather(const X& x, const group& g) {
 /// `inputs[j]`, which must then have `outputs_like[j]`'s shape.
 template <class V>
   requires tensor_type<V> || is_symbolic_v<V>
-std::vector<V> all_to_all(const std::vector<V>& outputs_like, const std::vector<V>& inputs, const group& g) {
+std::vector<V> all_to_all(const std::vector<V>& outputs_like, const std::vector<V>& inputs, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   using B = detail::collective_backend<V>;
   const group_info gi = B::resolve(g, "all_to_all");
   const int me = B::rank("all_to_all"), n = gi.size();
@@ -484,7 +526,7 @@ std::vector<V> all_to_all(const std::vector<V>& outputs_like, const std::vector<
 
 /// Blocks until every member of `g` has called it (c10d's barrier, which on NCCL is an
 /// all_reduce of one element): an all_reduce of one byte on the calling rank's device, waited.
-CCGRAPH_DECL void barrier(const group& g);
+CCGRAPH_DECL void barrier(const group& g, std::source_location loc = std::source_location::current());
 
 /// Waits until `t` is computed and returns it; a no-op on a tensor that is not pending.
 template <element T>
@@ -524,14 +566,18 @@ concept inplace_target = tensor_type<D> || is_symbolic_v<std::remove_cvref_t<D>>
 
 /// Reduces `t` across the group in place (c10d's all_reduce); returns `t` when done.
 template <detail::inplace_target D>
-std::remove_cvref_t<D> all_reduce_(D&& t, reduce_op_arg op, const group& g) {
+std::remove_cvref_t<D> all_reduce_(D&& t, reduce_op_arg op, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   auto r = all_reduce(t, op, g);
   return detail::copy_into(std::forward<D>(t), r);
 }
 
 /// Gathers every member's `in` along dim 0 into `out` (c10d's all_gather_into_tensor).
 template <detail::inplace_target D>
-std::remove_cvref_t<D> all_gather_into_tensor(D&& out, const std::remove_cvref_t<D>& in, const group& g) {
+std::remove_cvref_t<D> all_gather_into_tensor(D&& out, const std::remove_cvref_t<D>& in, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   using V = std::remove_cvref_t<D>;
   shape_t expected = in.shape();
   CCGRAPH_CHECK(!expected.empty(), "all_gather_into_tensor: the input must have at least one dimension");
@@ -547,7 +593,9 @@ std::remove_cvref_t<D> all_gather_into_tensor(D&& out, const std::remove_cvref_t
 /// Reduce-scatters `in` along dim 0 into `out` (c10d's reduce_scatter_tensor).
 template <detail::inplace_target D>
 std::remove_cvref_t<D> reduce_scatter_tensor_(D&& out, const std::remove_cvref_t<D>& in, reduce_op_arg op,
-                                              const group& g) {
+                                              const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   using V = std::remove_cvref_t<D>;
   shape_t expected = in.shape();
   const int n = detail::group_size_of<V>(g, "reduce_scatter_tensor");
@@ -561,7 +609,9 @@ std::remove_cvref_t<D> reduce_scatter_tensor_(D&& out, const std::remove_cvref_t
 /// All-to-all of `in` into `out` (c10d's all_to_all_single).
 template <detail::inplace_target D>
 std::remove_cvref_t<D> all_to_all_single_(D&& out, const std::remove_cvref_t<D>& in, std::optional<std::vector<std::int64_t>> output_split_sizes,
-                     std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g) {
+                     std::optional<std::vector<std::int64_t>> input_split_sizes, const group& g,
+    std::source_location loc = std::source_location::current()) {
+  detail::call_site_scope site(loc);
   shape_t expected = in.shape();
   CCGRAPH_CHECK(!expected.empty(), "all_to_all_single: the input must have at least one dimension");
   if (output_split_sizes)

@@ -598,6 +598,9 @@ class basic_executor {
           for (auto& t : in) xs.push_back(get_tensor<T>(t, O::name.data()));
           for (auto& t : outs) into.push_back(get_tensor<T>(t, O::name.data()));
           detail::work_ptr w;
+          // The node's call site, so a mismatch on a compiled graph names the traced call.
+          const std::source_location site = n.source();
+          ::ccgraph::detail::call_site_scope scope(site, true);
           auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
                                                   outs.empty() ? nullptr : &into, overlap, &w);
           // No output carries its completion (a batch of sends only): waited here, as

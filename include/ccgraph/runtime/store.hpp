@@ -57,6 +57,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <ccgraph/core/log.hpp>
 #include <ccgraph/core/env.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/timeout.hpp>
@@ -576,9 +577,12 @@ class tcp_store_server {
   void run() {
     try {
       loop();
-    } catch (...) {
+    } catch (const std::exception& e) {
       // poll() failing: stop serving. Closing every socket below makes each client's call
-      // fail with "connection closed" instead of hanging until its timeout.
+      // fail with "connection closed" instead of hanging until its timeout; the log says why.
+      detail::log(log_level::error, "store", "the tcp_store server stops serving: ", e.what());
+    } catch (...) {
+      detail::log(log_level::error, "store", "the tcp_store server stops serving: unknown exception");
     }
     clients_.clear();
     listen_.reset();
@@ -1261,6 +1265,8 @@ class tcp_store final : public store {
     }
     // Connect now, as c10d does: a missing server shows up here, not at some later get().
     idle_.push_back(connect("tcp_store", detail::deadline_after(clock::now(), this->timeout())));
+    detail::log(log_level::info, "store", is_server ? "serving" : "joined", " ", describe(), " (world_size ",
+                world_size, ")");
   }
 
   /// tcp_store(host, port, is_server, world_size, {timeout, shutdown_grace}).
@@ -1516,6 +1522,8 @@ class tcp_store final : public store {
         CCGRAPH_THROW(timeout_error, call, ": could not connect to ", describe(), " within ",
                       detail::timeout_text(timeout()), " (last error: ", last_error,
                       "); is the server (rank 0) running and MASTER_ADDR/MASTER_PORT right?");
+      detail::log(log_level::debug, "store", call, ": no connection to ", describe(), " yet (", last_error,
+                  "); retrying in ", pause.count(), " ms");
       std::this_thread::sleep_for(std::min<clock::duration>(pause, deadline - now));
       pause = std::min(pause * 2, std::chrono::milliseconds(1000));
     }
@@ -1714,8 +1722,11 @@ class file_store final : public store {
             st.st_dev == dev_ && st.st_ino == ino_)
           ::unlink(path_.c_str());
       });
+    } catch (const std::exception& e) {
+      // A destructor must not throw; at worst the file stays behind, which the log says.
+      detail::log(log_level::error, "store", "~file_store: could not clean up ", path_, ": ", e.what());
     } catch (...) {
-      // A destructor must not throw; at worst the file stays behind.
+      detail::log(log_level::error, "store", "~file_store: could not clean up ", path_);
     }
   }
 
@@ -2093,6 +2104,7 @@ inline void barrier(store& s, const std::string& name, int rank, int world_size)
   const std::string done = prefix + "done/" + std::to_string(round);
   if (arrived % world_size == 0) {
     s.set(done, {1});
+    detail::log(log_level::debug, "store", "barrier '", name, "': rank ", rank, " arrived last of ", world_size);
     return;
   }
   try {
@@ -2244,8 +2256,13 @@ inline std::unique_ptr<store> make_store_from_env(const env_config& cfg) {
       detail::env_seconds("CCGRAPH_STORE_TIMEOUT_S", std::chrono::seconds(300));
   const bool bind_all =
       detail::env_choice<bool>("CCGRAPH_STORE_BIND", {{"master_addr", false}, {"all", true}});
-  if (const auto f = detail::env_text("CCGRAPH_STORE_FILE"))
+  if (const auto f = detail::env_text("CCGRAPH_STORE_FILE")) {
+    if (bind_all)
+      detail::log(log_level::warn, "store", "CCGRAPH_STORE_BIND=all is ignored: CCGRAPH_STORE_FILE is set, so ",
+                  "ranks meet through the file ", *f, ", not over TCP");
+    detail::log(log_level::info, "store", "rank ", cfg.rank, " of ", cfg.world_size, " meets through the file ", *f);
     return std::make_unique<file_store>(*f, cfg.world_size, timeout);
+  }
   tcp_store_options opt;
   opt.timeout = timeout;
   opt.bind_all_interfaces = bind_all;

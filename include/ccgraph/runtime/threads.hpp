@@ -22,6 +22,8 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/log.hpp>
+#include <ccgraph/core/source_location.hpp>
 #include <ccgraph/comm/communicator.hpp>
 #include <ccgraph/runtime/cpu_collectives.hpp>
 #include <ccgraph/comm/rank_context.hpp>
@@ -78,6 +80,7 @@ struct threads_slot {
   std::int64_t seq;
   ops::signature sig;  // what the first member issued (once, not per peer): the others must match
   int sig_rank;        // that first member
+  std::source_location sig_source{};  // where that member called it (line 0: unknown)
   std::vector<const collective_request*> reqs;             // arrived members, in group order
   std::vector<std::shared_ptr<collective_request>> holds;  // keeps peers' inputs alive
   std::vector<work_ptr> works;
@@ -170,17 +173,19 @@ class threads_world {
     std::string who = ranks.size() == 2 ? concat("rank ", ranks[0], " and rank ", ranks[1]) : "ranks ";
     for (std::size_t k = 0; ranks.size() > 2 && k < ranks.size(); ++k)
       who += concat(k == 0 ? "" : k + 1 == ranks.size() ? " and " : ", ", ranks[k]);
-    std::string waits;
+    std::string waits, sites;
     for (std::size_t k = 0; k < ranks.size(); ++k) {
       const threads_slot& b = *blocked_on_[static_cast<std::size_t>(ranks[k])];
       const auto& mine = *b.reqs[static_cast<std::size_t>(std::lower_bound(b.sig.ranks.begin(), b.sig.ranks.end(), ranks[k]) -
                                                           b.sig.ranks.begin())];
+      if (known_site(mine.source)) sites += concat(sites.empty() ? "" : ", ", "rank ", ranks[k], " at ", site_str(mine.source));
       waits += concat(k ? "; " : "", "rank ", ranks[k], " waits in ", mine.describe(), " (collective #", b.seq,
                       " on its group) for rank ", ranks[(k + 1) % ranks.size()]);
     }
     return std::make_exception_ptr(collective_mismatch_error(concat(
         "collective mismatch between ", who, ", which issued their collectives in orders that ",
-        "wait on each other: ", waits, "; none of these can complete")));
+        "wait on each other: ", waits, "; none of these can complete",
+        sites.empty() ? "" : " (called from " + sites + ")")));
   }
 
   const int n_;
@@ -311,6 +316,8 @@ void run_threads(int n, F&& fn, threads_options opt = {}) {
                   created + 1, " of its ", 2 * n, " threads failed (", e.what(),
                   "); no rank's function was run");
   }
+  detail::log(log_level::info, "threads", "world of ", n, " ranks started (collective timeout ",
+              detail::timeout_text(opt.timeout), ")");
   gate.open();
   for (auto& t : ranks) t.join();
   if (auto e = world.first_error()) std::rethrow_exception(e);

@@ -31,13 +31,16 @@ struct collective_entry {
   std::vector<int> ranks;
   std::string text;
   std::int64_t index = 0;
+  /// Where the rank's program called it ("file:line"), or "" when unknown.
+  std::string site;
 };
 
 /// The collectives of `g`, run by `rank`, in program order; a batch of point-to-point
 /// transfers as its transfers, each over its pair (ops::p2p_transfers), as the backends match them.
 CCGRAPH_DECL std::vector<collective_entry> collective_entries(const graph& g, int rank);
 
-/// Bytes of a sequence: per entry the rank count, the ranks, the text length and the text
+/// Bytes of a sequence: per entry the rank count, the ranks, the text length and the text, the
+/// site's length and the site
 /// (native 64-bit integers: every rank of one world runs this same code on one kind of host).
 CCGRAPH_DECL std::vector<std::uint8_t> serialize_entries(const std::vector<collective_entry>& es);
 
@@ -58,7 +61,7 @@ CCGRAPH_DECL std::vector<const collective_entry*> with_peer(const std::vector<co
 /// the calling rank's backend, so every rank sees all of them and reaches the same verdict; on a
 /// difference every rank throws ccgraph::collective_mismatch_error naming the pair of ranks,
 /// the position and both collectives of the earliest difference (smallest position, then the
-/// lowest pair).
+/// lowest pair), each with the file and line its rank's program called it at (node::source).
 CCGRAPH_DECL void verify_collective_order(const graph& g, rank_context& ctx);
 
 }  // namespace ccgraph

@@ -15,6 +15,7 @@
 // NCCL's own units (latencies in us, bandwidths in GB/s = 1e9 B/s), so they read like the source.
 #pragma once
 
+#include <ccgraph/core/log.hpp>
 #include <ccgraph/core/config.hpp>
 #include <algorithm>
 #include <array>

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <ccgraph/core/error.hpp>
+#include <ccgraph/core/log.hpp>
 #include <ccgraph/ir/analysis.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/comm/rank_context.hpp>

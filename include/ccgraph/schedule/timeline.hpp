@@ -60,6 +60,11 @@ CCGRAPH_DECL std::string json_escape(const std::string& s);
 /// waits that stall show their stall as a separate "exposed" slice.
 CCGRAPH_DECL std::string to_chrome_trace(const timeline& tl, const std::string& process_name = "ccgraph");
 
+/// Several timelines in one Chrome trace, timeline i as process (pid) i named `process_names[i]`
+/// (its two tracks as in to_chrome_trace): every rank's predicted run side by side (cg::preflight).
+/// `process_names` has one name per timeline.
+CCGRAPH_DECL std::string to_chrome_trace(const std::vector<timeline>& tls, const std::vector<std::string>& process_names);
+
 /// A text overlap report: one line per node with its stream and predicted interval, compute
 /// that runs while a collective is in flight marked with '|', and the totals.
 CCGRAPH_DECL std::string overlap_report(const timeline& tl);

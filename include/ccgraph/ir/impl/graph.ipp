@@ -251,6 +251,7 @@ CCGRAPH_DECL void graph::copy_from(const graph& other) {
     nodes_.push_back(std::move(owned));
     n->metas_ = o->metas_;
     n->group_ = o->group_;
+    n->source_ = o->source_;
     for (auto a : o->args_) {
       a.src = map.at(a.src);
       n->args_.push_back(a);

@@ -8,7 +8,8 @@
 namespace ccgraph {
 
 // Out of line: it instantiates launch_collective<std::uint8_t>.
-CCGRAPH_DECL void barrier(const group& g) {
+CCGRAPH_DECL void barrier(const group& g, std::source_location loc) {
+  detail::call_site_scope site(loc);
   rank_context& ctx = detail::current_rank("barrier");
   const auto one = tensor<std::uint8_t>::from({1}, {1}).to(ctx.device());
   (void)detail::launch_collective<std::uint8_t>(ctx, "barrier", ops::all_reduce{reduce_op::sum},

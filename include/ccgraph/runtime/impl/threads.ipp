@@ -22,6 +22,7 @@ CCGRAPH_DECL std::vector<std::shared_ptr<collective_request>> split_p2p(const co
     r->group = std::move(t.pair);
     r->rank = req.rank;
     r->overlap = req.overlap;
+    r->source = req.source;
     if (is_send) r->inputs.push_back(req.inputs.at(slot[t.index]));
     else r->outputs.push_back(req.outputs.at(slot[t.index]));
     out.push_back(std::move(r));
@@ -50,11 +51,12 @@ CCGRAPH_DECL threads_task threads_world::issue(std::shared_ptr<collective_reques
   if (!sp) {
     sp = std::make_shared<threads_slot>(seq, ops::signature(req->op, req->input_metas(), req->group), req->rank);
     sp->owner = &g.pending;
+    sp->sig_source = req->source;
   } else if (ops::signature sig(req->op, req->input_metas(), req->group); !(sig == sp->sig)) {
     auto e = std::make_exception_ptr(collective_mismatch_error(concat(
         "collective mismatch between rank ", req->rank, " and rank ", sp->sig_rank, " at collective #",
         seq, " of group ", list_str(req->group.ranks), ": rank ", req->rank, " issued ", sig.str(),
-        " but rank ", sp->sig_rank, " issued ", sp->sig.str())));
+        at_site(req->source), " but rank ", sp->sig_rank, " issued ", sp->sig.str(), at_site(sp->sig_source))));
     abort_locked(req->rank, e);
     std::rethrow_exception(e);
   }
@@ -105,7 +107,7 @@ CCGRAPH_DECL void threads_world::run(threads_task& t) {
         for (int i = 0; i < size; ++i)
           if (!s.reqs[static_cast<std::size_t>(i)]) missing.push_back(s.sig.ranks[static_cast<std::size_t>(i)]);
         return fail_locked(t, req.rank, std::make_exception_ptr(timeout_error(concat(
-            req.describe(), " (collective #", s.seq, " on its group) timed out after ",
+            req.describe(), at_site(req.source), " (collective #", s.seq, " on its group) timed out after ",
             timeout_text(opt_.timeout), " on rank ", req.rank, " waiting for ranks ",
             list_str(missing)))));
       }
@@ -209,6 +211,8 @@ CCGRAPH_DECL void threads_world::abort_locked(int rank, std::exception_ptr e) {
   } catch (...) {
     failure_ = "unknown exception";
   }
+  // Rethrown by run_threads too: info, not error, so a failing test or program is not told twice.
+  detail::log(log_level::info, "threads", "rank ", rank, " failed, aborting the world: ", failure_);
   // Release every rank blocked on a collective that can no longer complete.
   for (auto& [key, g] : groups_) {
     for (auto& [seq, s] : g.pending) {
@@ -240,7 +244,7 @@ namespace detail {
 
 CCGRAPH_DECL std::exception_ptr threads_world::never_completes(const threads_slot& s, int peer) const {
   return std::make_exception_ptr(collective_mismatch_error(concat(
-      s.sig.str(), " (collective #", s.seq, " on its group), issued by rank ", s.sig_rank,
+      s.sig.str(), " (collective #", s.seq, " on its group), issued by rank ", s.sig_rank, at_site(s.sig_source),
       ", can never complete: rank ", peer, " returned from its function without issuing it")));
 }
 

@@ -16,14 +16,14 @@ CCGRAPH_DECL std::vector<collective_entry> collective_entries(const graph& g, in
     if (auto* b = std::get_if<ops::batch_isend_irecv>(&n->kind())) {
       for (const auto& t : ops::p2p_transfers(*b, rank, *n->group())) {
         const ops::signature sig(t.op, {}, t.pair);
-        out.push_back({sig.ranks, sig.str(), static_cast<std::int64_t>(out.size())});
+        out.push_back({sig.ranks, sig.str(), static_cast<std::int64_t>(out.size()), site_str(n->source())});
       }
       continue;
     }
     std::vector<tensor_meta> in;
     for (auto& a : n->args()) in.push_back(a.src->meta(a.index));
     const ops::signature sig(*n->collective(), in, *n->group());
-    out.push_back({sig.ranks, sig.str(), static_cast<std::int64_t>(out.size())});
+    out.push_back({sig.ranks, sig.str(), static_cast<std::int64_t>(out.size()), site_str(n->source())});
   }
   return out;
 }
@@ -31,8 +31,9 @@ CCGRAPH_DECL std::vector<collective_entry> collective_entries(const graph& g, in
 CCGRAPH_DECL std::vector<std::uint8_t> serialize_entries(const std::vector<collective_entry>& es) {
   std::vector<std::uint8_t> out;
   auto put = [&](std::int64_t v) {
-    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
-    out.insert(out.end(), p, p + sizeof v);
+    const std::size_t at = out.size();
+    out.resize(at + sizeof v);
+    std::memcpy(out.data() + at, &v, sizeof v);
   };
   put(static_cast<std::int64_t>(es.size()));
   for (const auto& e : es) {
@@ -40,6 +41,8 @@ CCGRAPH_DECL std::vector<std::uint8_t> serialize_entries(const std::vector<colle
     for (int r : e.ranks) put(r);
     put(static_cast<std::int64_t>(e.text.size()));
     out.insert(out.end(), e.text.begin(), e.text.end());
+    put(static_cast<std::int64_t>(e.site.size()));
+    out.insert(out.end(), e.site.begin(), e.site.end());
   }
   return out;
 }
@@ -58,10 +61,14 @@ CCGRAPH_DECL std::vector<collective_entry> deserialize_entries(const std::uint8_
     es[i].index = static_cast<std::int64_t>(i);
     es[i].ranks.resize(static_cast<std::size_t>(get()));
     for (int& r : es[i].ranks) r = static_cast<int>(get());
-    const std::int64_t len = get();
-    CCGRAPH_CHECK(len >= 0 && at + len <= size, "verify_collective_order: malformed sequence from rank ", rank);
-    es[i].text.assign(reinterpret_cast<const char*>(p + at), static_cast<std::size_t>(len));
-    at += len;
+    auto get_text = [&](std::string& into) {
+      const std::int64_t len = get();
+      CCGRAPH_CHECK(len >= 0 && at + len <= size, "verify_collective_order: malformed sequence from rank ", rank);
+      into.assign(reinterpret_cast<const char*>(p + at), static_cast<std::size_t>(len));
+      at += len;
+    };
+    get_text(es[i].text);
+    get_text(es[i].site);
   }
   return es;
 }
@@ -118,7 +125,8 @@ CCGRAPH_DECL void verify_collective_order(const graph& g, rank_context& ctx) {
   const auto sb = detail::with_peer(seqs[static_cast<std::size_t>(b)], a);
   auto side = [&](int r, int peer, const std::vector<const detail::collective_entry*>& s) {
     if (k < s.size())
-      return detail::concat("rank ", r, " issues ", s[k]->text, " (its collective #", s[k]->index, ")");
+      return detail::concat("rank ", r, " issues ", s[k]->text, " (its collective #", s[k]->index, ")",
+                            s[k]->site.empty() ? "" : " at " + s[k]->site);
     return detail::concat("rank ", r, " issues no more collectives with rank ", peer, " (it has ", s.size(), ")");
   };
   CCGRAPH_THROW(collective_mismatch_error, "verify_collective_order: ranks ", a, " and ", b,

@@ -156,6 +156,7 @@ CCGRAPH_DECL void bucket_collectives(graph& g, std::int64_t cap_bytes, rank_cont
     for (node* c : bucket) args.insert(args.end(), c->args().begin(), c->args().end());
     const node_op op = detail::coalesced_op_for(*bucket.front());
     node* merged = g.add(op, std::move(args), bucket.front()->group(), name_of(op));
+    g.set_source(merged, bucket.front()->source());  // the first member's call names the bucket
     merged_after[g.position(bucket.back())] = merged;
     int k = 0;
     for (node* c : bucket)

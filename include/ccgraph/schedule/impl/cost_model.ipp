@@ -185,6 +185,8 @@ CCGRAPH_DECL void calibration::load(std::istream& in) {
     if (!us || !std::isfinite(*us) || *us < 0) fail("us must be a number >= 0");
     staged.add(fields[0], static_cast<int>(*g), *b, *us);
   }
+  detail::log(log_level::info, "calibration", "loaded ", staged.size() - size(), " points (", staged.size(),
+              " in the table)");
   *this = std::move(staged);
 }
 

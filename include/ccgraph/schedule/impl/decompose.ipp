@@ -184,6 +184,7 @@ CCGRAPH_DECL void decompose_rows_then_collective(graph& g, const decomposition& 
     b.start(std::move(r), static_cast<int>(i));
     const value_ref yi = b.rows_of({y, 0});
     pieces.push_back(b.emit(c->kind(), {yi}, c->group(), std::string(c->op())));
+    b.g.set_source(pieces.back(), c->source());
   }
   b.into = &at.after[d.wait];
   std::vector<value_ref> waited;
@@ -207,6 +208,7 @@ CCGRAPH_DECL void decompose_gather_then_rows(graph& g, const decomposition& d, i
     b.start({split[i]}, static_cast<int>(i));
     const value_ref xi = b.rows_of(x);
     gathers.push_back(b.emit(ag->kind(), {xi}, ag->group(), std::string(ag->op())));
+    b.g.set_source(gathers.back(), ag->source());
   }
   b.into = &at.after[tail];
   std::vector<node*> results;

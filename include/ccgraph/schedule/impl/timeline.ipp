@@ -77,26 +77,48 @@ CCGRAPH_DECL std::string json_escape(const std::string& s) {
 
 }  // namespace detail
 
-CCGRAPH_DECL std::string to_chrome_trace(const timeline& tl, const std::string& process_name) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(3);
-  os << "{\"traceEvents\":[\n";
-  os << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\""
-     << detail::json_escape(process_name) << "\"}},\n";
-  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute stream\"}},\n";
-  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"comm stream\"}}";
+namespace detail {
+
+/// The events of one timeline as process `pid`, each preceded by ",\n" except the very first of
+/// the file (`first`).
+CCGRAPH_DECL void write_chrome_process(std::ostream& os, const timeline& tl, int pid, const std::string& process_name,
+                                       bool first) {
+  os << (first ? "" : ",\n") << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid
+     << ",\"args\":{\"name\":\"" << json_escape(process_name) << "\"}},\n";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << pid
+     << ",\"tid\":0,\"args\":{\"name\":\"compute stream\"}},\n";
+  os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << pid
+     << ",\"tid\":1,\"args\":{\"name\":\"comm stream\"}}";
   for (const auto& ev : tl.events) {
     if (ev.n->category() == op_category::input || ev.n->category() == op_category::output)
       continue;
     if (ev.stall_us > 0)
-      os << ",\n{\"name\":\"exposed wait\",\"cat\":\"stall\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":"
-         << ev.start_us - ev.stall_us << ",\"dur\":" << ev.stall_us << "}";
-    os << ",\n{\"name\":\"" << detail::json_escape(detail::node_label(*ev.n)) << "\",\"cat\":\""
-       << (ev.on_comm_stream ? "comm" : ev.n->is_wait() ? "wait" : "compute")
-       << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << (ev.on_comm_stream ? 1 : 0) << ",\"ts\":" << ev.start_us
+      os << ",\n{\"name\":\"exposed wait\",\"cat\":\"stall\",\"ph\":\"X\",\"pid\":" << pid
+         << ",\"tid\":0,\"ts\":" << ev.start_us - ev.stall_us << ",\"dur\":" << ev.stall_us << "}";
+    os << ",\n{\"name\":\"" << json_escape(node_label(*ev.n)) << "\",\"cat\":\""
+       << (ev.on_comm_stream ? "comm" : ev.n->is_wait() ? "wait" : "compute") << "\",\"ph\":\"X\",\"pid\":" << pid
+       << ",\"tid\":" << (ev.on_comm_stream ? 1 : 0) << ",\"ts\":" << ev.start_us
        << ",\"dur\":" << (ev.end_us - ev.start_us) << ",\"args\":{\"meta\":\""
-       << (ev.n->num_outputs() ? detail::json_escape(detail::metas_str(*ev.n)) : std::string()) << "\"}}";
+       << (ev.n->num_outputs() ? json_escape(metas_str(*ev.n)) : std::string()) << "\"";
+    if (known_site(ev.n->source())) os << ",\"source\":\"" << json_escape(site_str(ev.n->source())) << "\"";
+    os << "}}";
   }
+}
+
+}  // namespace detail
+
+CCGRAPH_DECL std::string to_chrome_trace(const timeline& tl, const std::string& process_name) {
+  return to_chrome_trace(std::vector<timeline>{tl}, std::vector<std::string>{process_name});
+}
+
+CCGRAPH_DECL std::string to_chrome_trace(const std::vector<timeline>& tls, const std::vector<std::string>& process_names) {
+  CCGRAPH_CHECK(tls.size() == process_names.size(), "to_chrome_trace: ", tls.size(), " timelines but ",
+                process_names.size(), " process names");
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3);
+  os << "{\"traceEvents\":[\n";
+  for (std::size_t i = 0; i < tls.size(); ++i)
+    detail::write_chrome_process(os, tls[i], static_cast<int>(i), process_names[i], i == 0);
   os << "\n],\"displayTimeUnit\":\"ms\"}\n";
   return os.str();
 }

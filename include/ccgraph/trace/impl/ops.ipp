@@ -16,6 +16,7 @@ CCGRAPH_DECL std::string value_key(const value_ref& r) {
 CCGRAPH_DECL std::vector<value_ref> record_collective(trace_state& st, const ops::collective_op& op,
                                                       std::vector<value_ref> args, const group_info& gi) {
   node* c = st.g.add(to_node_op(op), std::move(args), gi, ops::name_of(op));
+  st.g.set_source(c, current_call_site());
   std::vector<value_ref> waits;
   for (int k = 0; k < c->num_outputs(); ++k)
     waits.push_back({add_wait(st.g, {c, k}), 0});
