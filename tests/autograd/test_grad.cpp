@@ -370,6 +370,21 @@ TEST_CASE("grad.scaled_dot_product_attention") {
   CHECK(ccgraph_test::contains(e, "attn_mask takes no gradient"));
 }
 
+TEST_CASE("grad.index_select") {
+  // Along every dim, an index that picks a row twice and skips one, i64 and i32.
+  const auto x = values({3, 4, 2}, -1, 1, 31);
+  const auto i64 = cg::tensor<std::int64_t>::from({2, 0, 2}, {3});
+  const auto i32 = cg::tensor<std::int32_t>::from({1, 1, 3, 0, 3}, {5});
+  auto f = [](std::int64_t dim) {
+    return [dim](const auto& a, const auto& i) { return cg::sum(cg::sin(cg::index_select(a, dim, i)) * 1.5); };
+  };
+  gradcheck<0>(f(0), x, i64);
+  gradcheck<0>(f(-1), x, cg::tensor<std::int64_t>::from({1, 1}, {2}));
+  gradcheck<0>(f(1), x, i32);
+  gradcheck<0>(f(1), x, cg::tensor<std::int64_t>::from({3}, {}));  // a 0-d index
+  gradcheck<0>(f(0), values({4}, -1, 1, 32), i64);                 // a 1-d input
+}
+
 TEST_CASE("grad.cross_entropy_embedding_gather") {
   const auto logits = values({4, 5}, -2, 2, 15);
   const auto target = cg::tensor<std::int64_t>::from({1, 0, 4, 2}, {4});
@@ -415,13 +430,6 @@ TEST_CASE("grad.errors") {
   CHECK(contains(error_of([&] { cg::grad([](const auto& a) { return a * 2.0; })(x); }), "one element"));
   // a wrt index out of range
   CHECK(contains(error_of([&] { cg::grad([](const auto& a) { return cg::sum(a); }, 3)(x); }), "wrt index 3"));
-  // a rule still to come names the op (index_select)
-  const auto idx = cg::tensor<std::int64_t>::from({1, 0}, {2});
-  const std::string todo = error_of([&] {
-    cg::grad([](const auto& a, const auto& i) { return cg::sum(cg::index_select(a, 0, i)); })(x, idx);
-  });
-  CHECK(contains(todo, "index_select"));
-  CHECK(contains(todo, "no gradient rule"));
   // dropout inside a fused expression: its mask is not kept
   const std::string drop = error_of([&] {
     cg::grad([](const auto& a) { return cg::sum(cg::dropout(a * 2.0, 0.5)); })(x);

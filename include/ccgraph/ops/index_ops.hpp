@@ -421,6 +421,28 @@ struct op_traits<ops::embedding_backward> : detail::index_traits_common {
 template <>
 struct op_traits<ops::index_select> : detail::index_traits_common {
   using sharding = sharding_rules::index_select;
+  /// The gradient's slices added into zeros at the rows the index picked (torch's index_add;
+  /// a row picked twice gets both): embedding_backward with `dim` moved to the front.
+  struct gradient {
+    template <class C>
+    static void backward(const ops::index_select& o, C& c) {
+      const shape_t xs = c.input(0).shape();
+      CCGRAPH_CHECK(!xs.empty(), "grad: index_select (node %", c.current().name(), "): no gradient rule for a 0-d input");
+      const int d = normalize_dim(o.dim, xs.size(), "grad: index_select");
+      const auto front = [d](const auto& v) { return d == 0 ? v : v.transpose(0, d); };
+      const auto g = front(c.grad()).contiguous();  // [n, the other dims]
+      shape_t rest(g.shape().begin() + 1, g.shape().end()), rows_shape = rest;
+      const std::int64_t n = g.shape()[0], size = xs[static_cast<std::size_t>(d)];
+      rows_shape.insert(rows_shape.begin(), size);
+      auto rows = [&](const auto& index) {
+        return embedding_backward(g.reshape({n, numel_of(rest)}), index.reshape({n}), size).reshape(rows_shape);
+      };
+      const auto& i = c.current().args()[1];
+      const auto summed = i.src->dtype(i.index) == dtype::i32 ? rows(c.template input<std::int32_t>(1))
+                                                               : rows(c.template input<std::int64_t>(1));
+      c.add_grad(0, d == 0 ? summed : front(summed).contiguous());
+    }
+  };
   /// Inputs: input, index (1-d or 0-d, i64/i32).
   static std::vector<tensor_meta> infer(const ops::index_select& o, const std::vector<tensor_meta>& in,
                                         const infer_ctx&) {
