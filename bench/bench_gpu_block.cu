@@ -20,6 +20,7 @@
 #include "../examples/gpt_block.hpp"
 #include "bench_args.hpp"
 #include "cupti_timeline.hpp"
+#include "step_timer.hpp"
 
 #include <cuda_runtime.h>
 
@@ -39,31 +40,6 @@ using T = cg::tensor<bf>;
 namespace {
 
 constexpr int wrt[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-
-/// Median of `iters` steps after `warm`, CUDA events on this thread's stream.
-template <class F>
-double time_ms(F&& step, int warm = 4, int iters = 10) {
-  for (int i = 0; i < warm; ++i) step();
-  cudaStream_t s = cg::cuda::current_stream();
-  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> ts;
-  cudaEvent_t a, b;
-  CCGRAPH_CHECK_CUDA(cudaEventCreate(&a));
-  CCGRAPH_CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < iters; ++i) {
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(a, s));
-    step();
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(b, s));
-    CCGRAPH_CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CCGRAPH_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    ts.push_back(ms);
-  }
-  CCGRAPH_CHECK_CUDA(cudaEventDestroy(a));
-  CCGRAPH_CHECK_CUDA(cudaEventDestroy(b));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
 
 /// cg::compile_function of the step: (x, 10 parameters), all bf16.
 template <class F, std::size_t... I>
@@ -112,7 +88,7 @@ int main(int argc, char** argv) {
         }(std::make_index_sequence<10>{});
         last_loss = std::get<0>(out);
       };
-      const double t = time_ms(one);
+      const double t = bench::step_ms(one);
       if (timeline && k == 0) bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + modes[k].first, 2, true, [&](int) { one(); });
       if (d == 0) {
         ms[k] = t;

@@ -22,6 +22,7 @@
 
 #include "bench_args.hpp"
 #include "cupti_timeline.hpp"
+#include "step_timer.hpp"
 
 #include <cuda_runtime.h>
 
@@ -66,31 +67,6 @@ auto train_step(cg::optim::adamw_options o, cg::group world) {
 }
 constexpr std::size_t n_inputs = 3 + 5;
 
-/// Median of `iters` steps after `warm`, CUDA events on this thread's stream.
-template <class F>
-double time_ms(F&& step, int warm = 4, int iters = 10) {
-  for (int i = 0; i < warm; ++i) step();
-  cudaStream_t s = cg::cuda::current_stream();
-  CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> ts;
-  cudaEvent_t a, b;
-  CCGRAPH_CHECK_CUDA(cudaEventCreate(&a));
-  CCGRAPH_CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < iters; ++i) {
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(a, s));
-    step();
-    CCGRAPH_CHECK_CUDA(cudaEventRecord(b, s));
-    CCGRAPH_CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CCGRAPH_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    ts.push_back(ms);
-  }
-  CCGRAPH_CHECK_CUDA(cudaEventDestroy(a));
-  CCGRAPH_CHECK_CUDA(cudaEventDestroy(b));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,7 +110,7 @@ int main(int argc, char** argv) {
           count = std::get<7>(out);
         }
       };
-      const double t = time_ms(one);
+      const double t = bench::step_ms(one);
       if (timeline && in_place)
         bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, in place", 2, true, [&](int) { one(); });
       if (ctx.rank() == 0) {

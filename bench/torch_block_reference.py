@@ -12,29 +12,13 @@ Usage: python3 bench/torch_block_reference.py [--quick] [--profile]
   --profile   after timing, rank 0 prints each mode's kernels over 3 steps
 """
 import os
-import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def timeit(step, iters=10, warm=4):
-    for _ in range(warm):
-        step()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+from torch_step_common import main, print_profile, print_results, timeit
 
 
 class Attention(nn.Module):
@@ -135,15 +119,7 @@ def worker(rank, world, batch, profile):
 
             out[mode] = (timeit(step), float(last["loss"].item()))
             if profile:
-                from torch.profiler import ProfilerActivity, profile as torch_profile
-                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(3):
-                        step()
-                    torch.cuda.synchronize()
-                if rank == 0:
-                    print(f"\n### torch TP block {mode}: kernels of 3 steps, rank 0\n", flush=True)
-                    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70),
-                          flush=True)
+                print_profile(step, f"torch TP block {mode}", rank)
             del m, fwd
         except Exception as e:  # async TP needs symmetric memory support; report, do not hide
             if rank == 0:
@@ -154,22 +130,9 @@ def worker(rank, world, batch, profile):
             except Exception:
                 pass
     if rank == 0:
-        print(f"# torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, {world} x {torch.cuda.get_device_name(0)}")
-        print("| workload | torch | ms/step | loss term, rank 0 |\n|---|---|---|---|")
-        for mode, (ms, loss) in out.items():
-            print(f"| {workload} | {mode} | {ms:.3f} | {loss:.6g} |")
-        for mode, (ms, _) in out.items():
-            print(f"RESULT {workload} torch_{mode} {ms:.3f} ms", flush=True)
+        print_results(workload, world, out, "", "loss term, rank 0")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    unknown = [a for a in args if a not in ("--quick", "--profile")]
-    if unknown:
-        sys.exit(f"torch_block_reference.py: unknown argument(s) {unknown}; usage: [--quick] [--profile]")
-    world = min(2, torch.cuda.device_count())
-    if world < 1:
-        print("torch_block_reference.py: no GPU")
-        sys.exit(0)
-    mp.spawn(worker, args=(world, 1 if "--quick" in args else 4, "--profile" in args), nprocs=world, join=True)
+    main("torch_block_reference.py", worker, lambda quick: 1 if quick else 4)

@@ -12,29 +12,13 @@ Usage: python3 bench/torch_train_reference.py [--quick] [--profile]
               table by CUDA time), to read beside bench_gpu_train --timeline
 """
 import os
-import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def timeit(step, iters=10, warm=4):
-    for _ in range(warm):
-        step()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+from torch_step_common import main, print_profile, print_results, timeit
 
 
 class MLP(nn.Module):
@@ -74,32 +58,12 @@ def worker(rank, world, t_rows, profile):
 
         out[mode] = (timeit(step), float(last["loss"].item()))
         if profile:
-            from torch.profiler import ProfilerActivity, profile as torch_profile
-            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
-                    step()
-                torch.cuda.synchronize()
-            if rank == 0:
-                print(f"\n### torch DDP {mode}: kernels of 3 steps, rank 0\n", flush=True)
-                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70), flush=True)
+            print_profile(step, f"torch DDP {mode}", rank)
         del m, ddp, fwd, opt
     if rank == 0:
-        print(f"# torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, {world} x {torch.cuda.get_device_name(0)}")
-        print("| workload | torch | ms/step | loss after 14 steps |\n|---|---|---|---|")
-        for mode, (ms, loss) in out.items():
-            print(f"| {workload} | ddp_{mode} | {ms:.3f} | {loss:.6g} |")
-        for mode, (ms, _) in out.items():
-            print(f"RESULT {workload} torch_ddp_{mode} {ms:.3f} ms", flush=True)
+        print_results(workload, world, out, "ddp_", "loss after 14 steps")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    unknown = [a for a in args if a not in ("--quick", "--profile")]
-    if unknown:
-        sys.exit(f"torch_train_reference.py: unknown argument(s) {unknown}; usage: [--quick] [--profile]")
-    world = min(2, torch.cuda.device_count())
-    if world < 1:
-        print("torch_train_reference.py: no GPU")
-        sys.exit(0)
-    mp.spawn(worker, args=(world, 2048 if "--quick" in args else 8192, "--profile" in args), nprocs=world, join=True)
+    main("torch_train_reference.py", worker, lambda quick: 2048 if quick else 8192)
