@@ -7,7 +7,8 @@
 //
 // traced into one joint graph (cg::value_and_grad through the dtensor styles), scheduled and
 // replayed as one CUDA Graph per step. Rows: with the overlap passes (sink_waits, raise_comms,
-// reorder_compute_for_overlap) and without any pass. bench/torch_block_reference.py is PyTorch's
+// reorder_compute_for_overlap), without any pass, and with every pass (bucketing and
+// decompose_matmul_collectives too). bench/torch_block_reference.py is PyTorch's
 // side (parallelize_module, eager and torch.compile) to run in the same lease.
 // Timing as bench_gpu_train: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
 // median of 10. Prints a table and one `RESULT <workload> <impl> <ms> ms` line per row.
@@ -62,8 +63,12 @@ int main(int argc, char** argv) {
   const std::string workload = "gpt_block_tp" + std::to_string(world) + "_sp_B" + std::to_string(c.batch) + "_L" +
                                std::to_string(c.seq) + "_D" + std::to_string(c.dim) + "_H" + std::to_string(c.heads) +
                                "_F" + std::to_string(c.ffn);
+  std::vector<std::string> every_pass;
+  for (const auto p : cg::schedule_pass_names()) every_pass.emplace_back(p);
   const std::vector<std::pair<std::string, std::vector<std::string>>> modes{
-      {"overlap_passes", {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}}, {"no_passes", {}}};
+      {"overlap_passes", {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}},
+      {"no_passes", {}},
+      {"every_pass", every_pass}};  // bucketing and the matmul/collective decomposition included
   std::vector<double> ms(modes.size(), 0.0), loss(modes.size(), 0.0);
   if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
