@@ -6,6 +6,7 @@
 // call site of a collective reaches the runtime mismatch errors (threads backend, verify).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -198,7 +199,7 @@ TEST_CASE("preflight.agree.mpmd_subgroups_and_passes") {
 }
 
 TEST_CASE("preflight.mismatch.order_names_each_call_site") {
-  int line_ar = 0, line_ag = 0;
+  std::atomic<int> line_ar{0}, line_ag{0};  // written by the ranks' threads
   auto program = [&](cg::rank_context& ctx) -> cg::graph {
     const cg::group w = ctx.world();
     const bool swap = ctx.rank() == 1;  // a rank-dependent branch
@@ -232,7 +233,7 @@ TEST_CASE("preflight.mismatch.order_names_each_call_site") {
 }
 
 TEST_CASE("preflight.mismatch.shape") {
-  int line = 0;
+  std::atomic<int> line{0};  // written by every rank's thread
   auto program = [&](cg::rank_context& ctx) -> cg::graph {
     const std::int64_t n = ctx.rank() == 2 ? 6 : 4;
     return cg::trace(
@@ -250,7 +251,7 @@ TEST_CASE("preflight.mismatch.shape") {
 }
 
 TEST_CASE("preflight.mismatch.missing_collective") {
-  int line = 0;
+  std::atomic<int> line{0};  // written by every rank's thread
   auto program = [&](cg::rank_context& ctx) -> cg::graph {
     const bool skip = ctx.rank() == 1;
     return cg::trace(
@@ -366,7 +367,7 @@ TEST_CASE("preflight.main.command_line") {
 
 TEST_CASE("preflight.runtime_errors_name_call_sites") {
   // The threads backend's own mismatch check: both ranks' calls, with their lines.
-  int line0 = 0, line1 = 0;
+  std::atomic<int> line0{0}, line1{0};  // written by the ranks' threads
   std::vector<std::string> msgs(2);
   try {
     cg::run_threads(2, [&](cg::rank_context& ctx) {
@@ -391,7 +392,7 @@ TEST_CASE("preflight.runtime_errors_name_call_sites") {
     CHECK(contains(m, site(line1)));
   }
   // verify_collective_order on traced graphs: the call sites are the traced calls.
-  int vline = 0;
+  std::atomic<int> vline{0};  // written by both ranks' threads
   std::vector<std::string> vmsgs(2);
   cg::run_threads(2, [&](cg::rank_context& ctx) {
     const std::int64_t n = ctx.rank() == 0 ? 4 : 8;
@@ -413,7 +414,7 @@ TEST_CASE("preflight.runtime_errors_name_call_sites") {
     CHECK(contains(m, site(vline)));
   }
   // A compiled graph names the traced call too: the executor passes the node's site on.
-  int cline = 0;
+  std::atomic<int> cline{0};  // written by both ranks' threads
   std::vector<std::string> cmsgs(2);
   try {
     cg::run_threads(2, [&](cg::rank_context& ctx) {
