@@ -26,6 +26,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -544,6 +545,26 @@ cg::tcp_store_stats stats_when(const cg::tcp_store& server, P pred) {
   return s;
 }
 
+/// Whether this machine has IPv6 loopback: an IPv6 socket binds to ::1. The IPv6 cases are
+/// skipped without it.
+bool has_ipv6_loopback() {
+  cg::detail::unique_fd fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  return ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+}
+
+/// How listen_address() begins for a server on every interface: "[::]:", dual-stack, where
+/// this machine makes dual-stack IPv6 sockets, else "0.0.0.0:" (what the server falls back to).
+std::string every_interface() {
+  cg::detail::unique_fd fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  int zero = 0;
+  const bool dual = fd && ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) == 0;
+  return dual ? "[::]:" : "0.0.0.0:";
+}
+
 }  // namespace
 
 TEST_CASE("store.tcp.listens_where_master_addr_points") {
@@ -570,7 +591,7 @@ TEST_CASE("store.tcp.listens_where_master_addr_points") {
         if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
         const auto& a = *reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
         if ((ntohl(a.sin_addr.s_addr) >> 24) == 127) continue;
-        const std::string host = cg::detail::ipv4_host(a);
+        const std::string host = cg::detail::address_host(*i->ifa_addr);
         CAPTURE(host);
         raw_conn other(server.port(), host.c_str());
         CHECK_FALSE(other.connected);
@@ -584,7 +605,7 @@ TEST_CASE("store.tcp.listens_where_master_addr_points") {
     opt.timeout = long_timeout;
     opt.bind_all_interfaces = true;
     cg::tcp_store server("127.0.0.2", 0, true, 2, opt);
-    CHECK(server.listen_address() == "0.0.0.0:" + std::to_string(server.port()));
+    CHECK(server.listen_address() == every_interface() + std::to_string(server.port()));
     cg::tcp_store a("127.0.0.1", server.port(), false, 2, long_timeout);
     cg::tcp_store b("127.0.0.2", server.port(), false, 2, long_timeout);
     a.set("k", bytes("v"));
@@ -594,6 +615,129 @@ TEST_CASE("store.tcp.listens_where_master_addr_points") {
   const std::string m = error_of<cg::error>([] { cg::tcp_store("192.0.2.1", 0, true, 1, long_timeout); });
   CHECK(contains(m, "192.0.2.1"));
   CHECK(contains(m, "CCGRAPH_STORE_BIND=all"));
+}
+
+TEST_CASE("store.tcp.ipv6_loopback_plain_and_bracketed") {
+  if (!has_ipv6_loopback()) {
+    MESSAGE("skipped: this machine has no IPv6 loopback (::1)");
+    return;
+  }
+  for (const std::string host : {"::1", "[::1]"}) {
+    CAPTURE(host);
+    auto server = std::make_shared<cg::tcp_store>(host, 0, true, 3, long_timeout);
+    const std::string endpoint = "[::1]:" + std::to_string(server->port());
+    CHECK(server->host() == host);  // as given
+    CHECK(server->listen_address() == endpoint);
+    CHECK(server->describe() == endpoint);
+    // Loopback stays loopback of its family: IPv4's does not reach it.
+    raw_conn v4(server->port(), "127.0.0.1");
+    CHECK_FALSE(v4.connected);
+    exercise_store(3, [&](int i) -> std::shared_ptr<cg::store> {
+      if (i == 0) return server;
+      auto client = std::make_shared<cg::tcp_store>(host, server->port(), false, 3, long_timeout);
+      CHECK(client->describe() == endpoint);
+      return client;
+    });
+    // A rank with another world size: messages name IPv6 endpoints in brackets.
+    const std::string m =
+        error_of<cg::error>([&] { cg::tcp_store(host, server->port(), false, 2, long_timeout); });
+    CHECK_MESSAGE(contains(m, "the store at " + endpoint + " refused this rank"), m);
+    const std::string poisoned = error_of<cg::error>([&] { server->get("key/0"); });
+    CHECK_MESSAGE(contains(poisoned, "a rank from [::1]:"), poisoned);
+  }
+  // MASTER_ADDR in brackets, the way torchrun writes it, through the launcher's path.
+  env_guard env({{"CCGRAPH_STORE_FILE", std::nullopt}, {"CCGRAPH_STORE_BIND", std::nullopt}});
+  cg::env_config c = cg::env_config::from_env([](const char* name) -> std::optional<std::string> {
+    if (std::string(name) == "RANK") return "0";
+    if (std::string(name) == "WORLD_SIZE") return "1";
+    if (std::string(name) == "MASTER_ADDR") return "[::1]";
+    return std::nullopt;
+  });
+  CHECK(c.master_addr == "[::1]");
+  c.master_port = unused_port();
+  auto s = cg::make_store_from_env(c);
+  CHECK(s->describe() == "[::1]:" + std::to_string(c.master_port));
+  CHECK(dynamic_cast<cg::tcp_store&>(*s).listen_address() ==
+        "[::1]:" + std::to_string(c.master_port));
+  s->set("k", bytes("v"));
+  CHECK(text(s->get("k")) == "v");
+}
+
+TEST_CASE("store.tcp.localhost_host_name") {
+  // The server listens on the first address "localhost" resolves to (::1 or 127.0.0.1, as
+  // this machine's resolver orders them); clients try each until one answers.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  REQUIRE(::getaddrinfo("localhost", nullptr, &hints, &found) == 0);
+  const int first_family = found->ai_family;
+  ::freeaddrinfo(found);
+  if (first_family == AF_INET6 && !has_ipv6_loopback()) {
+    MESSAGE("skipped: localhost resolves to ::1 first, and this machine has no IPv6 loopback");
+    return;
+  }
+  auto server = std::make_shared<cg::tcp_store>("localhost", 0, true, 3, long_timeout);
+  const std::string port = std::to_string(server->port());
+  CHECK(server->describe() == "localhost:" + port);
+  CHECK(server->listen_address() == (first_family == AF_INET6 ? "[::1]:" : "127.0.0.1:") + port);
+  exercise_store(3, [&](int i) -> std::shared_ptr<cg::store> {
+    if (i == 0) return server;
+    return std::make_shared<cg::tcp_store>("localhost", server->port(), false, 3, long_timeout);
+  });
+}
+
+TEST_CASE("store.tcp.bind_all_is_dual_stack") {
+  if (!has_ipv6_loopback()) {
+    MESSAGE("skipped: this machine has no IPv6 loopback (::1)");
+    return;
+  }
+  cg::tcp_store_options opt;
+  opt.timeout = long_timeout;
+  opt.bind_all_interfaces = true;
+  for (const std::string host : {"127.0.0.1", "::1"}) {
+    CAPTURE(host);
+    auto server = std::make_shared<cg::tcp_store>(host, 0, true, 4, opt);
+    const int port = server->port();
+    CHECK(server->listen_address() == "[::]:" + std::to_string(port));
+    // One listening socket answers both families.
+    const std::vector<std::string> clients = {"::1", "127.0.0.1", "[::1]"};
+    exercise_store(4, [&](int i) -> std::shared_ptr<cg::store> {
+      if (i == 0) return server;
+      const std::string& client_host = clients[static_cast<std::size_t>(i - 1)];
+      return std::make_shared<cg::tcp_store>(client_host, port, false, 4, long_timeout);
+    });
+    raw_conn v4(port, "127.0.0.1");
+    CHECK(v4.connected);
+    // An IPv4 peer of the dual-stack socket is named as IPv4, not as ::ffff:127.0.0.1.
+    (void)error_of<cg::error>([&] { cg::tcp_store("127.0.0.1", port, false, 5, long_timeout); });
+    const std::string m = error_of<cg::error>([&] { server->get("key/0"); });
+    CHECK_MESSAGE(contains(m, "a rank from 127.0.0.1:"), m);
+    CHECK_FALSE(contains(m, "ffff"));
+  }
+}
+
+TEST_CASE("store.tcp.bad_host_is_an_error_naming_it") {
+  // An IPv6 literal that does not parse fails at once, on the server and on a client (a host
+  // name that does not resolve yet is retried: its record may not be published yet).
+  for (const std::string host : {"::zz", "[::zz]", "fe80::1::2"}) {
+    CAPTURE(host);
+    for (const bool is_server : {true, false}) {
+      const auto t0 = clock_type::now();
+      const std::string m = error_of<cg::error>(
+          [&] { cg::tcp_store(host, is_server ? 0 : 29500, is_server, 1, long_timeout); });
+      CHECK(seconds_since(t0) < 5.0);
+      CHECK_MESSAGE(contains(m, "host '" + host + "' (MASTER_ADDR) is not a valid IPv6 address"),
+                    m);
+    }
+  }
+  for (const std::string host : {"[::1", "::1]", "[]", "[::1]:29500"}) {
+    CAPTURE(host);
+    const std::string m = error_of<cg::error>([&] { cg::tcp_store(host, 0, true, 1, long_timeout); });
+    CHECK_MESSAGE(contains(m, "host '" + host + "' (MASTER_ADDR)"), m);
+  }
+  CHECK(contains(error_of<cg::error>([] { cg::tcp_store("[::1", 0, true, 1, long_timeout); }),
+                 "unmatched bracket"));
 }
 
 TEST_CASE("store.tcp.world_size_mismatch_is_an_error_on_both_sides") {
@@ -1520,7 +1664,7 @@ TEST_CASE("env_config.make_store_from_env") {
     c.master_port = unused_port();
     for (const auto& [bind, where] : {std::pair<std::optional<std::string>, std::string>{std::nullopt, "127.0.0.1:"},
                                       {"master_addr", "127.0.0.1:"},
-                                      {"all", "0.0.0.0:"}}) {
+                                      {"all", every_interface()}}) {
       env_guard env({{"CCGRAPH_STORE_FILE", std::nullopt}, {"CCGRAPH_STORE_BIND", bind}});
       auto server = cg::make_store_from_env(c);
       CHECK(dynamic_cast<cg::tcp_store&>(*server).listen_address() == where + std::to_string(c.master_port));

@@ -381,17 +381,43 @@ inline int poll_ms_until(std::chrono::steady_clock::time_point deadline) {
 }
 
 
-/// "a.b.c.d", an IPv4 address as text.
-inline std::string ipv4_host(const sockaddr_in& a) {
-  char buf[INET_ADDRSTRLEN] = {};
-  if (!::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf)) return "?";
-  return buf;
+/// The host of a socket address as text: "a.b.c.d", or an IPv6 address with its zone
+/// ("fe80::1%eth0"). An IPv4-mapped IPv6 address (an IPv4 peer of a dual-stack socket) reads as
+/// the IPv4 address it is.
+inline std::string address_host(const sockaddr& a) {
+  char buf[INET6_ADDRSTRLEN + 64] = {};  // room for a zone (an interface name) after the '%'
+  if (a.sa_family == AF_INET6) {
+    const auto& a6 = reinterpret_cast<const sockaddr_in6&>(a);
+    if (IN6_IS_ADDR_V4MAPPED(&a6.sin6_addr))
+      return ::inet_ntop(AF_INET, a6.sin6_addr.s6_addr + 12, buf, sizeof buf) ? buf : "?";
+  } else if (a.sa_family != AF_INET) {
+    return "?";
+  }
+  const socklen_t len = a.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  return ::getnameinfo(&a, len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) == 0 ? buf : "?";
+}
+inline std::string address_host(const sockaddr_storage& a) {
+  return address_host(reinterpret_cast<const sockaddr&>(a));
 }
 
-/// "a.b.c.d:port", how messages name an IPv4 endpoint.
-inline std::string ipv4_text(const sockaddr_in& a) {
-  return concat(ipv4_host(a), ":", ntohs(a.sin_port));
+/// The port of an IPv4 or IPv6 socket address.
+inline int address_port(const sockaddr_storage& a) {
+  return ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(a).sin6_port
+                                       : reinterpret_cast<const sockaddr_in&>(a).sin_port);
 }
+
+/// "host:port", or "[host]:port" when the host is an IPv6 address (its colons would run into
+/// the port's): how messages name an endpoint.
+inline std::string endpoint_text(std::string_view host, int port) {
+  return host.find(':') == std::string_view::npos ? concat(host, ":", port)
+                                                  : concat("[", host, "]:", port);
+}
+inline std::string endpoint_text(const sockaddr_storage& a) {
+  return endpoint_text(address_host(a), address_port(a));
+}
+
+/// "IPv4" or "IPv6": which family an address is, for messages.
+inline const char* family_name(int family) { return family == AF_INET6 ? "IPv6" : "IPv4"; }
 
 /// Bytes of buffers every connection may hold without drawing on
 /// tcp_store_limits::max_buffered_bytes: small requests always get through.
@@ -430,8 +456,9 @@ struct tcp_store_options {
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
   /// On the server: how long its destruction keeps serving the ranks still connected (>= 0).
   std::chrono::milliseconds shutdown_grace = std::chrono::seconds(10);
-  /// On the server: listen on every IPv4 interface (0.0.0.0) instead of only on the address
-  /// `host` resolves to. make_store_from_env sets it for CCGRAPH_STORE_BIND=all.
+  /// On the server: listen on every interface (::, dual-stack, so IPv4 peers reach it too; or
+  /// 0.0.0.0 where this machine has no IPv6) instead of only on the address `host` resolves
+  /// to. make_store_from_env sets it for CCGRAPH_STORE_BIND=all.
   bool bind_all_interfaces = false;
   /// On the server: what it accepts from its peers.
   tcp_store_limits limits{};
@@ -463,17 +490,21 @@ namespace detail {
 class tcp_store_server {
  public:
   /// Listens at `bind_addr` (port 0: a free port the kernel picks) and starts the serving
-  /// thread. Throws error naming the address when it cannot be bound. `world_size` is what
-  /// every client's hello must say. `shutdown_grace` bounds how long the destructor keeps
-  /// serving connected clients.
-  tcp_store_server(const sockaddr_in& bind_addr, int world_size, const tcp_store_limits& limits,
-                   std::chrono::milliseconds shutdown_grace)
+  /// thread. The IPv6 wildcard (::) listens dual-stack, on IPv6 and IPv4 alike; where this
+  /// machine has no IPv6 sockets it becomes the IPv4 wildcard (0.0.0.0). Throws error naming
+  /// the address and its family when it cannot be bound. `world_size` is what every client's
+  /// hello must say. `shutdown_grace` bounds how long the destructor keeps serving connected
+  /// clients.
+  tcp_store_server(const sockaddr_storage& bind_addr, int world_size,
+                   const tcp_store_limits& limits, std::chrono::milliseconds shutdown_grace)
       : grace_(shutdown_grace),
         world_size_(static_cast<std::uint32_t>(world_size)),
         limits_(limits),
-        max_frame_(tcp_max_frame_bytes(limits.max_key_bytes, limits.max_value_bytes)) {
-    const std::string where = concat("port ", ntohs(bind_addr.sin_port), " of ", ipv4_host(bind_addr));
-    listen_ = unique_fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        max_frame_(tcp_max_frame_bytes(limits.max_key_bytes, limits.max_value_bytes)),
+        addr_(bind_addr) {
+    listen_ = open_listener(addr_);
+    const std::string where = concat("port ", address_port(addr_), " of ", address_host(addr_),
+                                     " (", family_name(addr_.ss_family), ")");
     if (!listen_)
       CCGRAPH_THROW(error, "tcp_store: socket() for the server on ", where,
                     " failed: ", errno_message(errno));
@@ -481,7 +512,9 @@ class tcp_store_server {
     // TIME_WAIT.
     int one = 1;
     (void)::setsockopt(listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(listen_.get(), reinterpret_cast<const sockaddr*>(&bind_addr), sizeof bind_addr) != 0) {
+    const socklen_t addr_len =
+        addr_.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (::bind(listen_.get(), reinterpret_cast<const sockaddr*>(&addr_), addr_len) != 0) {
       const int e = errno;
       CCGRAPH_THROW(error, "tcp_store: bind to ", where, " failed: ", errno_message(e),
                     e == EADDRINUSE ? " (another process uses it: pick another MASTER_PORT, or "
@@ -490,6 +523,8 @@ class tcp_store_server {
                         ? " (MASTER_ADDR is not an address of this machine: run rank 0 where "
                           "MASTER_ADDR points, or set CCGRAPH_STORE_BIND=all to listen on every "
                           "interface)"
+                    : e == EINVAL && addr_.ss_family == AF_INET6
+                        ? " (a link-local IPv6 address needs its interface: fe80::1%eth0)"
                         : "");
     }
     if (::listen(listen_.get(), SOMAXCONN) != 0)
@@ -525,9 +560,9 @@ class tcp_store_server {
   }
 
   /// The port it listens on (the real one when constructed with 0).
-  int port() const noexcept { return ntohs(addr_.sin_port); }
-  /// The address it listens on (0.0.0.0 for every interface).
-  const sockaddr_in& address() const noexcept { return addr_; }
+  int port() const noexcept { return address_port(addr_); }
+  /// The address it listens on (:: or 0.0.0.0 for every interface).
+  const sockaddr_storage& address() const noexcept { return addr_; }
 
   /// Its statistics, as of its last turn through the serving loop.
   tcp_store_stats stats() const {
@@ -996,11 +1031,11 @@ class tcp_store_server {
     if (world_size != world_size_) {
       // The job is misconfigured: its barriers would count the wrong number of ranks. Every
       // rank learns it at once, instead of at a timeout minutes later.
-      sockaddr_in peer{};
+      sockaddr_storage peer{};
       socklen_t len = sizeof peer;
       const std::string from =
           ::getpeername(c.fd.get(), reinterpret_cast<sockaddr*>(&peer), &len) == 0
-              ? concat(" from ", ipv4_text(peer))
+              ? concat(" from ", endpoint_text(peer))
               : std::string();
       poison_ = concat("tcp_store: a rank", from, " joined with world_size ", world_size,
                        " but this store serves world_size ", world_size_,
@@ -1183,11 +1218,35 @@ class tcp_store_server {
     stat_accept_errors_.store(accept_errors_, std::memory_order_relaxed);
   }
 
+  /// A socket for listening at `addr`, or an empty fd (errno set). Makes the IPv6 wildcard
+  /// dual-stack, whatever net.ipv6.bindv6only says; where that fails, or the machine has no
+  /// IPv6 sockets, turns `addr` into the IPv4 wildcard on the same port and opens that instead.
+  static unique_fd open_listener(sockaddr_storage& addr) {
+    const auto open = [](int family) {
+      return unique_fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    };
+    auto& a6 = reinterpret_cast<sockaddr_in6&>(addr);
+    if (addr.ss_family != AF_INET6 || !IN6_IS_ADDR_UNSPECIFIED(&a6.sin6_addr))
+      return open(addr.ss_family);
+    unique_fd fd = open(AF_INET6);
+    int zero = 0;
+    if (fd && ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) == 0) return fd;
+    const int port = address_port(addr);
+    detail::log(log_level::debug, "store", "no dual-stack IPv6 socket (", errno_message(errno),
+                "); listening on IPv4 only");
+    addr = sockaddr_storage{};
+    auto& a4 = reinterpret_cast<sockaddr_in&>(addr);
+    a4.sin_family = AF_INET;
+    a4.sin_port = htons(static_cast<std::uint16_t>(port));
+    a4.sin_addr.s_addr = htonl(INADDR_ANY);
+    return open(AF_INET);
+  }
+
   std::chrono::milliseconds grace_;
   std::uint32_t world_size_;
   tcp_store_limits limits_;
   std::size_t max_frame_;
-  sockaddr_in addr_{};
+  sockaddr_storage addr_{};
   unique_fd listen_;
   unique_fd reserve_;  // a descriptor to give up when accept() runs out of them
   unique_fd wake_rd_;
@@ -1213,14 +1272,16 @@ class tcp_store_server {
 }  // namespace detail
 
 /// A store served over TCP by rank 0, the way c10d's TCPStore is: the server (`is_server`,
-/// normally rank 0) listens on `port` at the address `host` resolves to (127.0.0.1 stays
-/// loopback; tcp_store_options::bind_all_interfaces listens on every IPv4 interface) and serves
-/// the table from a background thread; every rank, the server's included, is a client. Clients
-/// connect to `host` (an IPv4 address or a hostname) and retry until timeout() passes, so the
-/// server may start after them. Each connection begins with a hello carrying the protocol
-/// version and the world size: a rank whose world size differs from the server's is refused
-/// (its constructor throws, naming both), and the server then fails every request, so every
-/// rank of the misconfigured job learns it at once. Construction does not wait for the other
+/// normally rank 0) listens on `port` at the first address `host` resolves to, IPv4 or IPv6
+/// (127.0.0.1 and ::1 stay loopback; tcp_store_options::bind_all_interfaces listens on every
+/// interface, dual-stack) and serves the table from a background thread; every rank, the
+/// server's included, is a client. Clients connect to `host` (an IPv4 address, an IPv6 address
+/// plain or in brackets as URLs write it, `::1` or `[::1]`, or a host name), trying each address
+/// it resolves to, and retry until timeout() passes, so the server may start after them. Each
+/// connection begins with a hello carrying the protocol version and the world size: a rank
+/// whose world size differs from the server's is refused (its constructor throws, naming both),
+/// and the server then fails every request, so every rank of the misconfigured job learns it at
+/// once. Construction does not wait for the other
 /// ranks: use barrier() for that.
 ///
 /// Each call takes a connection from a small pool (opening one when none is free), so threads
@@ -1242,6 +1303,7 @@ class tcp_store final : public store {
         is_server_(is_server),
         world_size_(world_size) {
     CCGRAPH_CHECK(!host_.empty(), "tcp_store: host must not be empty");
+    bare_host_ = bare_host(host_);
     CCGRAPH_CHECK(world_size >= 1, "tcp_store: world_size must be >= 1, got ", world_size);
     if (is_server) {
       CCGRAPH_CHECK(port >= 0 && port <= 65535,
@@ -1255,13 +1317,15 @@ class tcp_store final : public store {
       port_ = server_->port();
       // The server's own client goes to where it listens; to loopback when that is everywhere
       // (`host` may name an address this machine reaches itself by only through a detour).
-      const sockaddr_in& a = server_->address();
-      connect_host_ = a.sin_addr.s_addr == htonl(INADDR_ANY) ? "127.0.0.1" : detail::ipv4_host(a);
+      // 127.0.0.1 for the IPv6 wildcard too: it is dual-stack, and IPv4 loopback is there even
+      // where IPv6 is switched off (sysctl disable_ipv6) and ::1 is not.
+      const sockaddr_storage& a = server_->address();
+      connect_host_ = is_wildcard(a) ? "127.0.0.1" : detail::address_host(a);
     } else {
       CCGRAPH_CHECK(port >= 1 && port <= 65535,
                     "tcp_store: a client's port must be in [1, 65535], got ", port,
                     " (port 0, 'pick a free port', is for the server only)");
-      connect_host_ = host_;
+      connect_host_ = bare_host_;
     }
     // Connect now, as c10d does: a missing server shows up here, not at some later get().
     idle_.push_back(connect("tcp_store", detail::deadline_after(clock::now(), this->timeout())));
@@ -1289,10 +1353,10 @@ class tcp_store final : public store {
   bool is_server() const noexcept { return is_server_; }
   /// The number of ranks using the store, as given.
   int world_size() const noexcept { return world_size_; }
-  /// On the server, where it listens ("127.0.0.1:29500", "0.0.0.0:29500" for every
-  /// interface); empty on other ranks.
+  /// On the server, where it listens ("127.0.0.1:29500", "[::1]:29500"; "[::]:29500" for
+  /// every interface, or "0.0.0.0:29500" where this machine has no IPv6); empty on other ranks.
   std::string listen_address() const {
-    return server_ ? detail::ipv4_text(server_->address()) : std::string();
+    return server_ ? detail::endpoint_text(server_->address()) : std::string();
   }
   /// On the server, what it holds and has refused; nullopt on other ranks.
   std::optional<tcp_store_stats> server_stats() const {
@@ -1300,8 +1364,9 @@ class tcp_store final : public store {
     return server_->stats();
   }
 
-  /// "host:port", as given (the real port when the server picked it).
-  std::string describe() const override { return detail::concat(host_, ":", port_); }
+  /// "host:port" ("[host]:port" for an IPv6 address, bracketed or not), as given (the real
+  /// port when the server picked it).
+  std::string describe() const override { return detail::endpoint_text(bare_host_, port_); }
 
   /// store::set: one request; the server wakes the ranks blocked on `key`.
   void set(const std::string& key, const std::vector<std::uint8_t>& value) override {
@@ -1398,26 +1463,71 @@ class tcp_store final : public store {
                   ") and max_keys_per_request (", l.max_keys_per_request, ") must be >= 1");
   }
 
-  /// Where the server listens: every interface, or the first IPv4 address `host` resolves to.
-  sockaddr_in bind_address(bool all) const {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port_));
+  /// `host` without the brackets of "[::1]", the way URLs and torchrun write an IPv6 address;
+  /// an error for an unmatched bracket. An IPv6 literal (it has a colon, which no host name has)
+  /// must parse as one, so a typo fails at once instead of after the timeout.
+  static std::string bare_host(const std::string& host) {
+    std::string h = host;
+    if (h.front() == '[' || h.back() == ']') {
+      CCGRAPH_CHECK(h.size() > 2 && h.front() == '[' && h.back() == ']', "tcp_store: host '", host,
+                    "' (MASTER_ADDR) has an unmatched bracket; write an IPv6 address as ::1 or "
+                    "[::1], without a port");
+      h = h.substr(1, h.size() - 2);
+    }
+    if (h.find(':') != std::string::npos) {
+      addrinfo* found = nullptr;
+      const int rc = resolve(h, nullptr, found);
+      CCGRAPH_CHECK(rc == 0, "tcp_store: host '", host,
+                    "' (MASTER_ADDR) is not a valid IPv6 address: ",
+                    rc == EAI_SYSTEM ? detail::errno_message(errno) : std::string(::gai_strerror(rc)));
+      ::freeaddrinfo(found);
+    }
+    return h;
+  }
+
+  /// getaddrinfo() for a TCP endpoint at `host` (no brackets), IPv4 and IPv6 alike; an IPv6
+  /// literal is parsed only, never looked up by name. Returns its status; `found` on success.
+  static int resolve(const std::string& host, const char* service, addrinfo*& found) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = (service ? AI_NUMERICSERV : 0) |
+                     (host.find(':') != std::string::npos ? AI_NUMERICHOST : 0);
+    return ::getaddrinfo(host.c_str(), service, &hints, &found);
+  }
+
+  /// Whether `a` is the wildcard address, 0.0.0.0 or ::.
+  static bool is_wildcard(const sockaddr_storage& a) {
+    if (a.ss_family == AF_INET6)
+      return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr);
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+
+  /// Where the server listens: every interface (the dual-stack IPv6 wildcard; the server falls
+  /// back to IPv4's where there is no IPv6), or the first address `host` resolves to, of
+  /// either family.
+  sockaddr_storage bind_address(bool all) const {
+    sockaddr_storage a{};
     if (all) {
-      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      auto& a6 = reinterpret_cast<sockaddr_in6&>(a);
+      a6.sin6_family = AF_INET6;
+      a6.sin6_port = htons(static_cast<std::uint16_t>(port_));
+      a6.sin6_addr = in6addr_any;
       return a;
     }
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
-    const int rc = ::getaddrinfo(host_.c_str(), nullptr, &hints, &found);
+    const int rc = resolve(bare_host_, nullptr, found);
     if (rc != 0)
       CCGRAPH_THROW(error, "tcp_store: the server cannot resolve its host '", host_,
-                    "' (MASTER_ADDR) to an IPv4 address to listen on: ",
+                    "' (MASTER_ADDR) to an address to listen on: ",
                     rc == EAI_SYSTEM ? detail::errno_message(errno) : std::string(::gai_strerror(rc)));
     const std::unique_ptr<addrinfo, void (*)(addrinfo*)> list(found, ::freeaddrinfo);
-    a.sin_addr = reinterpret_cast<const sockaddr_in*>(list->ai_addr)->sin_addr;
+    std::memcpy(&a, list->ai_addr, std::min<std::size_t>(list->ai_addrlen, sizeof a));
+    if (a.ss_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6&>(a).sin6_port = htons(static_cast<std::uint16_t>(port_));
+    } else {
+      reinterpret_cast<sockaddr_in&>(a).sin_port = htons(static_cast<std::uint16_t>(port_));
+    }
     return a;
   }
 
@@ -1500,12 +1610,8 @@ class tcp_store final : public store {
     auto pause = std::chrono::milliseconds(10);
     std::string last_error;
     for (;;) {
-      addrinfo hints{};
-      hints.ai_family = AF_INET;
-      hints.ai_socktype = SOCK_STREAM;
-      hints.ai_flags = AI_NUMERICSERV;
       addrinfo* found = nullptr;
-      const int rc = ::getaddrinfo(connect_host_.c_str(), service.c_str(), &hints, &found);
+      const int rc = resolve(connect_host_, service.c_str(), found);
       if (rc != 0) {
         last_error =
             detail::concat("getaddrinfo: ", rc == EAI_SYSTEM ? detail::errno_message(errno)
@@ -1660,7 +1766,8 @@ class tcp_store final : public store {
   }
 
   std::string host_;
-  std::string connect_host_;  // where this rank connects: host_, or the server's own address
+  std::string bare_host_;     // host_ without the brackets of an IPv6 address
+  std::string connect_host_;  // where this rank connects: bare_host_, or the server's own address
   int port_;
   bool is_server_;
   int world_size_;
@@ -2229,7 +2336,7 @@ struct env_config {
     if (const auto a = lookup("MASTER_ADDR")) {
       CCGRAPH_CHECK(!a->empty(), call,
                     ": MASTER_ADDR is set but empty; set it to rank 0's "
-                    "host name or IPv4 address, or unset it for 127.0.0.1");
+                    "host name or IP address, or unset it for 127.0.0.1");
       c.master_addr = *a;
     }
     if (const auto p = lookup("MASTER_PORT"))
