@@ -10,10 +10,13 @@
 // the run takes seconds; the largest points dominate, so a slow or busy machine takes longer.
 // Each op allocates its output, as eager code does, so page faults are part of the time. The
 // table compares each point with the analytical prediction for device_spec::cpu_threads().
+// The CSV's `#@` lines record the machine (bench/measured_on.hpp): backend, CPU, cores,
+// compiler, date.
 #include <ccgraph/ccgraph.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
 
 #include "bench_args.hpp"
+#include "measured_on.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -66,7 +69,7 @@ double measure(const launch_fn& launch, int world, std::int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[OUTPUT.json]", {}, {}, 1);
+  const bench::args args(argc, argv, "[OUT.csv]", {}, {}, 1);
   const std::vector<collective> colls = {
       {cg::ops::all_reduce{cg::reduce_op::sum},
        [](const cg::tensor<float>& x, cg::rank_context& c) { return cg::all_reduce(x, "sum", c.world()); }},
@@ -112,6 +115,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%zu points in %.1f s; ratio = predicted / measured, GB/s = input bytes / measured\n",
                table.size(), std::chrono::duration<double>(clock_type::now() - start).count());
 
+  table.set_measured_on("backend", "threads");
+  bench::record_host(table);
   if (!args.positional().empty()) {
     const char* path = args.positional()[0].c_str();
     std::ofstream out(path);

@@ -19,6 +19,7 @@
 #include <ccgraph/schedule/schedule.hpp>
 
 #include "bench_args.hpp"
+#include "measured_on.hpp"
 
 #include "../examples/programs.hpp"
 
@@ -457,7 +458,7 @@ std::optional<double> measured(const std::string& workload, const std::string& i
 /// collective (analytic; calibrated from busbw_sizes for held_out_sizes), then the programs
 /// (cg::predict of the schedules bench_gpu ran, analytic and calibrated from every measured
 /// collective). `MODEL` lines, then a markdown table; ratio = predicted / measured.
-void model_report(int n, const std::string& gpu) {
+void model_report(int n, const std::string& gpu, const std::string& calibration_out) {
   const cg::device_spec spec = spec_of(gpu);
   const cg::cost_model analytic(spec);
   cg::calibration from_perf_sizes, from_all;
@@ -467,6 +468,30 @@ void model_report(int n, const std::string& gpu) {
     from_all.add(k.op, n, static_cast<std::int64_t>(k.input_bytes), m.ccgraph_us);
   }
   const cg::cost_model calibrated(spec, from_all);
+  if (!calibration_out.empty()) {  // the table, with the machine it was measured on
+    int driver = 0, runtime = 0, nccl = 0, dev = 0;
+    CCGRAPH_CHECK_CUDA(cudaDriverGetVersion(&driver));
+    CCGRAPH_CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
+    CCGRAPH_CHECK_NCCL(ncclGetVersion(&nccl));
+    CCGRAPH_CHECK_CUDA(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+    auto cuda_version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    cg::calibration table = from_all;
+    table.set_measured_on("backend", "nccl");
+    table.set_measured_on("device", prop.name);
+    table.set_measured_on("compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor));
+    table.set_measured_on("gpus", std::to_string(n));
+    table.set_measured_on("driver", cuda_version(driver));  // the CUDA version the driver supports
+    table.set_measured_on("cuda_runtime", cuda_version(runtime));
+    table.set_measured_on("nccl", std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
+                                      std::to_string(nccl % 100));
+    bench::record_host(table);
+    std::ofstream out(calibration_out);
+    CCGRAPH_CHECK(static_cast<bool>(out), "bench_gpu: cannot write ", calibration_out);
+    table.save(out);
+    std::printf("# wrote the calibration table (%zu points) to %s\n", table.size(), calibration_out.c_str());
+  }
   std::vector<std::string> table;
   auto row = [&](const std::string& what, double meas, double pred, std::optional<double> cal) {
     char c_us[32] = "-", c_ratio[32] = "-", text[512];
@@ -540,8 +565,16 @@ void model_report(int n, const std::string& gpu) {
 int main(int argc, char** argv) {
   // --quick: fewer rounds; --programs: only the seed program and the TP MLP, by default and
   // with NCCL for every collective (the copy-engine comparison).
-  const bench::args args(argc, argv, "[--quick] [--programs]", {"--quick", "--programs"});
+  // --calibration-out PATH: also write the measured collectives as a calibration table (CSV
+  // with the machine's `#@` lines) that cg::calibration::load reads.
+  const bench::args args(argc, argv, "[--quick] [--programs] [--calibration-out PATH]", {"--quick", "--programs"},
+                         {"--calibration-out"});
   const bool quick = args.has("--quick"), programs = args.has("--programs");
+  const std::string calibration_out = args.value("--calibration-out").value_or("");
+  if (!calibration_out.empty() && programs) {
+    std::cerr << "bench_gpu: --calibration-out measures the collectives, which --programs skips\n";
+    return 2;
+  }
   const int n = cg::cuda::device_count();
   if (n < 1) {
     std::cout << "bench_gpu: no CUDA device; nothing to measure\n";
@@ -554,7 +587,8 @@ int main(int argc, char** argv) {
   try {
     if (!programs) raw_nccl(n);
     ccgraph_bench(n, quick, {}, "", programs);
-    if (!programs && n > 1) model_report(n, prop.name);
+    if (!programs && n > 1) model_report(n, prop.name, calibration_out);
+    if (!calibration_out.empty() && n < 2) std::cout << "# one GPU: no collectives, no calibration table written\n";
     // _nccl: every collective on NCCL's kernels (no copy-engine all_reduce).
     cg::cuda::nccl_options nc;
     nc.copy_engine = cg::cuda::copy_engine_all_reduce::off;

@@ -373,6 +373,53 @@ TEST_CASE("calibration.load.errors_name_the_line") {
   CHECK(c.size() == 1);
 }
 
+TEST_CASE("calibration.measured_on") {
+  cg::calibration c;
+  CHECK(c.measured_on().empty());
+  c.set_measured_on("device", "NVIDIA H200");
+  c.set_measured_on("nccl", " 2.28.3 ");  // trimmed
+  c.set_measured_on("driver", "580.159.04");
+  c.add("all_reduce", 2, 4096, 30);
+  CHECK(c.measured_on().at("nccl") == "2.28.3");
+  std::ostringstream out;
+  c.save(out);
+  // The facts first, as lines other CSV readers skip, in key order.
+  CHECK(out.str().rfind("#@ device: NVIDIA H200\n#@ driver: 580.159.04\n#@ nccl: 2.28.3\nop,group_size,bytes,us\n", 0) == 0);
+  cg::calibration back;
+  std::istringstream in(out.str());
+  back.load(in);
+  CHECK(back == c);
+  CHECK(back.measured_on() == c.measured_on());
+
+  // Bad keys and values are refused by name.
+  CHECK(error_of([&] { c.set_measured_on("", "x"); }).find("key ''") != std::string::npos);
+  CHECK(error_of([&] { c.set_measured_on("gpu name", "x"); }).find("key 'gpu name'") != std::string::npos);
+  CHECK(error_of([&] { c.set_measured_on("device", "a\nb"); }).find("'device' must be one line") != std::string::npos);
+
+  // Points of another machine are not mixed into a table: the load fails, naming both values,
+  // and adds nothing (points or facts).
+  std::istringstream other("#@ device: NVIDIA H100 80GB HBM3\n#@ nccl: 2.28.3\nall_reduce,2,8192,50\n");
+  const auto e = error_of([&] { back.load(other); });
+  CHECK(e.find("line 1") != std::string::npos);
+  CHECK(e.find("device 'NVIDIA H100 80GB HBM3'") != std::string::npos);
+  CHECK(e.find("device 'NVIDIA H200'") != std::string::npos);
+  CHECK(back == c);
+  // The same machine's points merge; an empty table takes the loaded facts.
+  std::istringstream same("#@ device: NVIDIA H200\nall_reduce,2,8192,50\n");
+  back.load(same);
+  CHECK(back.size() == 2);
+  cg::calibration fresh;
+  fresh.set_measured_on("device", "unknown");  // no points yet: the file's facts win
+  std::istringstream again(out.str());
+  fresh.load(again);
+  CHECK(fresh.measured_on().at("device") == "NVIDIA H200");
+  // A malformed fact line names its line.
+  std::istringstream broken("#@ device NVIDIA\n");
+  CHECK(error_of([&] { fresh.load(broken); }).find("line 1: expected '#@ key: value'") != std::string::npos);
+  std::istringstream bad_key("#@ gpu name: x\n");
+  CHECK(error_of([&] { cg::calibration z; z.load(bad_key); }).find("line 1") != std::string::npos);
+}
+
 TEST_CASE("cost_model.calibration_replaces_the_analytic_model") {
   cg::calibration c;
   c.add("all_reduce", 2, 4096, 40);

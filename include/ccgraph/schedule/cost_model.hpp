@@ -296,6 +296,9 @@ struct device_spec {
 /// between measured sizes. `bytes` is the op's input bytes on one rank (summed over a
 /// coalesced op's inputs), the same quantity cost_model::collective_us reads from the inputs.
 /// CSV form, one point a line, an optional header, `#` comments: `op,group_size,bytes,us`.
+/// A table also records where it was measured (measured_on(): the GPU, driver, CUDA and NCCL
+/// versions, or the CPU for the threads backend), saved as `#@ key: value` lines, which other
+/// CSV readers take for comments.
 class calibration {
  public:
   /// One measured point.
@@ -325,12 +328,22 @@ class calibration {
   /// value without points for (op, group_size).
   CCGRAPH_DECL std::optional<double> interpolate(std::string_view op, int group_size, std::int64_t bytes) const;
 
+  /// Where the points were measured: key -> value, e.g. `device` ("NVIDIA H200"), `driver`,
+  /// `cuda_runtime`, `nccl`, `gpus`, `backend`, `cpu`, `date`. Empty when nobody said.
+  const std::map<std::string, std::string>& measured_on() const { return measured_on_; }
+  /// Records one fact of where the points were measured (a later value for `key` replaces the
+  /// earlier). The key is a word of letters, digits and `_`; the value one line of text.
+  CCGRAPH_DECL void set_measured_on(std::string_view key, std::string_view value);
+
   /// Adds the points of a CSV table (`op,group_size,bytes,us` lines; a header line with those
-  /// names, blank lines and lines starting with `#` are skipped). A malformed line throws an
-  /// error naming its line number and content; nothing is added then.
+  /// names, blank lines and lines starting with `#` are skipped) and its `#@ key: value` lines
+  /// (measured_on()). A malformed line throws an error naming its line number and content, and
+  /// so does a table measured elsewhere than the points this one already holds (a `#@` value
+  /// that differs from this table's for the same key): one table's interpolation must not mix
+  /// two machines' times. Nothing is added on an error.
   CCGRAPH_DECL void load(std::istream& in);
-  /// Writes the table as CSV with a header line, ordered by op, group size and bytes; load()
-  /// reads it back to an equal table.
+  /// Writes the table as CSV: the measured_on() lines, a header line, then the points ordered
+  /// by op, group size and bytes; load() reads it back to an equal table.
   CCGRAPH_DECL void save(std::ostream& out) const;
 
   friend bool operator==(const calibration&, const calibration&) = default;
@@ -338,6 +351,7 @@ class calibration {
  private:
   using key_t = std::pair<std::string, int>;
   std::map<key_t, std::map<std::int64_t, double>> table_;
+  std::map<std::string, std::string> measured_on_;
 
   CCGRAPH_DECL static std::string trim(std::string_view s);
   CCGRAPH_DECL static std::vector<std::string> split_csv(const std::string& line);

@@ -5,6 +5,8 @@
 
 #include <ccgraph/schedule/cost_model.hpp>
 
+#include <cctype>
+
 namespace ccgraph {
 
 namespace detail {
@@ -120,6 +122,17 @@ CCGRAPH_DECL void calibration::add(std::string_view op, int group_size, std::int
   table_[key_t(std::string(op), group_size)][bytes] = us;
 }
 
+CCGRAPH_DECL void calibration::set_measured_on(std::string_view key, std::string_view value) {
+  const bool word = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+  });
+  CCGRAPH_CHECK(word, "calibration::set_measured_on: key '", key,
+                "' must be a non-empty word of letters, digits and '_'");
+  CCGRAPH_CHECK(value.find_first_of("\r\n") == std::string_view::npos,
+                "calibration::set_measured_on: the value of '", key, "' must be one line");
+  measured_on_[std::string(key)] = trim(value);
+}
+
 CCGRAPH_DECL bool calibration::has(std::string_view op, int group_size) const {
   return table_.find(key_t(std::string(op), group_size)) != table_.end();
 }
@@ -169,11 +182,28 @@ CCGRAPH_DECL void calibration::load(std::istream& in) {
   for (int lineno = 1; std::getline(in, line); ++lineno) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const auto first = line.find_first_not_of(" \t");
-    if (first == std::string::npos || line[first] == '#') continue;
-    auto fields = split_csv(line);
     auto fail = [&](const std::string& why) {
       CCGRAPH_THROW(error, "calibration: line ", lineno, ": ", why, ": \"", line, "\"");
     };
+    if (first != std::string::npos && line.compare(first, 2, "#@") == 0) {  // where it was measured
+      const std::string_view rest = std::string_view(line).substr(first + 2);
+      const auto colon = rest.find(':');
+      if (colon == std::string_view::npos) fail("expected '#@ key: value'");
+      const std::string key = trim(rest.substr(0, colon)), value = trim(rest.substr(colon + 1));
+      const auto held = staged.measured_on_.find(key);
+      if (held != staged.measured_on_.end() && held->second != value && staged.size() > 0)
+        fail(detail::concat("this table was measured with ", key, " '", value, "', but the table it is loaded "
+                        "into holds points measured with ", key, " '", held->second,
+                        "'; keep the tables of different machines apart"));
+      try {
+        staged.set_measured_on(key, value);
+      } catch (const error& e) {
+        fail(e.what());
+      }
+      continue;
+    }
+    if (first == std::string::npos || line[first] == '#') continue;
+    auto fields = split_csv(line);
     if (fields.size() != 4) fail("expected 4 fields op,group_size,bytes,us, got " + std::to_string(fields.size()));
     if (fields[0] == "op" && fields[1] == "group_size" && fields[2] == "bytes" && fields[3] == "us") continue;
     if (fields[0].empty()) fail("empty op name");
@@ -193,6 +223,7 @@ CCGRAPH_DECL void calibration::load(std::istream& in) {
 CCGRAPH_DECL void calibration::save(std::ostream& out) const {
   std::ostringstream os;
   os.precision(17);
+  for (const auto& [key, value] : measured_on_) os << "#@ " << key << ": " << value << '\n';
   os << "op,group_size,bytes,us\n";
   for (auto& p : points()) os << p.op << ',' << p.group_size << ',' << p.bytes << ',' << p.us << '\n';
   out << os.str();
