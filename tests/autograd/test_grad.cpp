@@ -568,6 +568,29 @@ TEST_CASE("grad.collectives.all_to_all_broadcast_permute") {
   }
 }
 
+TEST_CASE("grad.collectives.reduce") {
+  // The root gets the reduction, every other member its own input back (as c10d's reduce), so
+  // a non-root's input reaches the loss twice: through the root's output and its own.
+  for (int n = 1; n <= 4; ++n) {
+    const cg::group g{ccgraph_test::iota_ranks(n)};
+    for (int dst = 0; dst < n; ++dst)
+      for (const char* op : {"sum", "avg", "premul_sum(0.5)"})
+        autograd_test::dist_gradcheck(n, [g, dst, op](int r, const auto& x) {
+          const auto y = cg::reduce(x * 2.0, dst, op, g);
+          return cg::sum(cg::sin(y) * double(r + 1) * x);
+        }, [](int r) { return values({3}, -1, 1, 110 + r); });
+  }
+  autograd_test::ranks(2, [](cg::rank_context& ctx) {
+    const auto x = values({3}, -1, 1, ctx.rank() + 1);
+    const std::string e = error_of([&] {
+      cg::grad([&](const auto& a) { return cg::sum(cg::reduce(a, 0, "max", ctx.world()) * a); })(x);
+    });
+    CHECK(contains(e, "reduce"));
+    CHECK(contains(e, "max"));
+    CHECK(contains(e, "not differentiable"));
+  });
+}
+
 TEST_CASE("grad.collectives.coalesced") {
   for (int n = 1; n <= 3; ++n) {
     const cg::group g{ccgraph_test::iota_ranks(n)};

@@ -494,7 +494,21 @@ struct op_traits<ops::all_to_all_single> : ops::detail::collective_traits_common
 template <>
 struct op_traits<ops::reduce> : ops::detail::collective_traits_common {
   using O = ops::reduce;
-  using gradient = gradient_todo;
+  /// Linear reductions: the root's output gradient broadcast from the root to every member,
+  /// scaled as the reduction scaled each input; a non-root member's output is its own input
+  /// (run_cpu below), so that output's gradient adds to its input's. Every member issues the
+  /// broadcast.
+  struct gradient {
+    template <class C>
+    static void backward(const O& o, C& c) {
+      ops::detail::require_linear_reduction(O::name, o.op, c);
+      auto g = c.collective(ops::broadcast{o.dst}, ops::detail::output_grads(c))[0];
+      using V = decltype(g);
+      const double s = ops::detail::reduction_scale(o.op, c.group().size());
+      if (s != 1.0) g = V(g * static_cast<typename C::value_type>(s));
+      c.add_grad(0, c.rank() == o.dst ? g : V(g + c.grad(0)));
+    }
+  };
   using sharding = sharding_todo;
   static constexpr bool in_place_input = false;
   static std::vector<tensor_meta> infer(const O& o, const std::vector<tensor_meta>& in, const infer_ctx& c) {
