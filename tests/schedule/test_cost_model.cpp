@@ -408,6 +408,12 @@ TEST_CASE("calibration.measured_on") {
   std::istringstream same("#@ device: NVIDIA H200\nall_reduce,2,8192,50\n");
   back.load(same);
   CHECK(back.size() == 2);
+  // Another day's table of the same machine merges too: `date` says when, not where.
+  back.set_measured_on("date", "2026-11-26T10:00:00Z");
+  std::istringstream later("#@ date: 2026-11-27T10:00:00Z\n#@ device: NVIDIA H200\nall_reduce,2,16384,70\n");
+  back.load(later);
+  CHECK(back.size() == 3);
+  CHECK(back.measured_on().at("date") == "2026-11-27T10:00:00Z");
   cg::calibration fresh;
   fresh.set_measured_on("device", "unknown");  // no points yet: the file's facts win
   std::istringstream again(out.str());

@@ -339,8 +339,8 @@ class calibration {
   /// names, blank lines and lines starting with `#` are skipped) and its `#@ key: value` lines
   /// (measured_on()). A malformed line throws an error naming its line number and content, and
   /// so does a table measured elsewhere than the points this one already holds (a `#@` value
-  /// that differs from this table's for the same key): one table's interpolation must not mix
-  /// two machines' times. Nothing is added on an error.
+  /// other than `date` that differs from this table's for the same key): one table's
+  /// interpolation must not mix two machines' times. Nothing is added on an error.
   CCGRAPH_DECL void load(std::istream& in);
   /// Writes the table as CSV: the measured_on() lines, a header line, then the points ordered
   /// by op, group size and bytes; load() reads it back to an equal table.

@@ -191,7 +191,8 @@ CCGRAPH_DECL void calibration::load(std::istream& in) {
       if (colon == std::string_view::npos) fail("expected '#@ key: value'");
       const std::string key = trim(rest.substr(0, colon)), value = trim(rest.substr(colon + 1));
       const auto held = staged.measured_on_.find(key);
-      if (held != staged.measured_on_.end() && held->second != value && staged.size() > 0)
+      // `date` says when, not where: the same machine's tables of two days merge.
+      if (held != staged.measured_on_.end() && held->second != value && staged.size() > 0 && key != "date")
         fail(detail::concat("this table was measured with ", key, " '", value, "', but the table it is loaded "
                         "into holds points measured with ", key, " '", held->second,
                         "'; keep the tables of different machines apart"));
