@@ -52,4 +52,26 @@ inline cudaError_t capture_dependencies(cudaStream_t s, cudaStreamCaptureStatus*
 #endif
 }
 
+/// The device stream `s` belongs to, in `*device` (cudaStreamGetDevice, CUDA 12.8 and newer).
+/// Before 12.8: the current device when `s` is one of its streams, else -1 (another device,
+/// found by recording an event of the current device there, which CUDA refuses).
+inline cudaError_t stream_device(cudaStream_t s, int* device) noexcept {
+#if CUDART_VERSION >= 12080
+  return cudaStreamGetDevice(s, device);
+#else
+  cudaError_t st = cudaGetDevice(device);
+  if (st != cudaSuccess) return st;
+  cudaEvent_t e = nullptr;
+  if ((st = cudaEventCreateWithFlags(&e, cudaEventDisableTiming)) != cudaSuccess) return st;
+  st = cudaEventRecord(e, s);
+  (void)cudaEventDestroy(e);
+  if (st == cudaErrorInvalidResourceHandle || st == cudaErrorInvalidHandle) {
+    (void)cudaGetLastError();
+    *device = -1;
+    return cudaSuccess;
+  }
+  return st;
+#endif
+}
+
 }  // namespace ccgraph::cuda::detail

@@ -316,7 +316,14 @@ class peer_channel {
     try {
       auto* slot = static_cast<char*>(d) + static_cast<std::size_t>(me) * sizeof(T);
       CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(slot, &mine, sizeof(T), cudaMemcpyHostToDevice, s));
-      CCGRAPH_CHECK_NCCL(ncclAllGather(slot, d, sizeof(T), ncclUint8, comm, s));
+      // In a group: `comm` may be non-blocking (an adopted communicator, cuda::adopt), whose
+      // calls outside one may return ncclInProgress; its launch then ends in the background.
+      CCGRAPH_CHECK_NCCL(ncclGroupStart());
+      const ncclResult_t ag = ncclAllGather(slot, d, sizeof(T), ncclUint8, comm, s);
+      ncclResult_t r = ncclGroupEnd();
+      CCGRAPH_CHECK_NCCL(ag);
+      while (r == ncclInProgress) CCGRAPH_CHECK_NCCL(ncclCommGetAsyncError(comm, &r));
+      CCGRAPH_CHECK_NCCL(r);
       CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(out.data(), d, 2 * sizeof(T), cudaMemcpyDeviceToHost, s));
       wait_stream(s, what);
     } catch (...) {

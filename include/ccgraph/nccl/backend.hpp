@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -213,12 +214,14 @@ class local_id_exchange final : public id_exchange {
 };
 
 /// id_exchange through a rendezvous store (one process per GPU): the creator sets
-/// "ccgraph/nccl_id/<key>", the others get it (the store's timeout names the key).
+/// "<prefix><key>" (prefix "ccgraph/nccl_id/"), the others get it (the store's timeout names
+/// the key).
 class store_id_exchange final : public id_exchange {
  public:
-  explicit store_id_exchange(std::shared_ptr<::ccgraph::store> s) : store_(std::move(s)) {}
+  explicit store_id_exchange(std::shared_ptr<::ccgraph::store> s, std::string prefix = "ccgraph/nccl_id/")
+      : store_(std::move(s)), prefix_(std::move(prefix)) {}
   ncclUniqueId get(const std::string& key, bool creator, std::chrono::milliseconds) override {
-    const std::string k = "ccgraph/nccl_id/" + key;
+    const std::string k = prefix_ + key;
     ncclUniqueId id{};
     if (creator) {
       CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
@@ -236,6 +239,29 @@ class store_id_exchange final : public id_exchange {
 
  private:
   std::shared_ptr<::ccgraph::store> store_;
+  std::string prefix_;
+};
+
+/// id_exchange of an adopted rank without a store: a group that is not a mesh dimension (whose
+/// communicator would be split from the adopted one) cannot get a communicator. Its error
+/// names the group.
+class no_id_exchange final : public id_exchange {
+ public:
+  ncclUniqueId get(const std::string& key, bool, std::chrono::milliseconds) override {
+    // key: "nccl/0,2" or "nccl/0,2#tag" (nccl_rank::comm_for)
+    std::string ranks = key.substr(key.find('/') + 1), tag;
+    if (const auto h = ranks.find('#'); h != std::string::npos) {
+      tag = " tagged '" + ranks.substr(h + 1) + "'";
+      ranks.resize(h);
+    }
+    std::string listed;
+    for (char ch : ranks) listed += ch == ',' ? std::string(", ") : std::string(1, ch);
+    CCGRAPH_THROW(::ccgraph::error, "adopt: group [", listed, "]", tag,
+                  " needs an NCCL communicator of its own, and it is not one part of a partition of "
+                  "the world that every rank sets up at once (a mesh dimension, split from the adopted "
+                  "communicator): its members must exchange an NCCL id, so pass a store in "
+                  "adopt_options::store");
+  }
 };
 
 /// State shared by the ranks of one run: who failed first, and why.
@@ -411,18 +437,19 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   }
   nccl_rank(const nccl_rank&) = delete;
   nccl_rank& operator=(const nccl_rank&) = delete;
-  ~nccl_rank() override { abort_comms(); }  // whatever close() did not end cleanly
+  ~nccl_rank() override { abort_comms(false); }  // whatever close() did not end cleanly
 
   /// Ends the rank's communicators: destroyed when `clean` (every peer is done with them too),
   /// else aborted (a peer may still be waiting: destroying could wait for it forever).
   void close(bool clean) {
     if (!clean) return abort_comms();
-    for (auto& [k, c] : comms_) {
+    for (auto& [k, c] : comms_) {  // (an adopted communicator stays the caller's, untouched)
       if (c.overlap) (void)ncclCommDestroy(c.overlap.release());
       if (c.data) (void)ncclCommDestroy(c.data.release());
       if (c.setup) (void)ncclCommDestroy(c.setup.release());
     }
     comms_.clear();
+    adopted_ = nullptr;
     channels_.clear();  // every peer is done: nothing copies into their scratch any more
   }
 
@@ -444,7 +471,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   ncclComm_t comm_for(const std::vector<int>& ranks, const std::vector<std::vector<int>>& partition = {},
                       const std::string& tag = {}) {
     auto it = comms_.find({ranks, tag});
-    if (it != comms_.end()) return it->second.data ? it->second.data.get() : it->second.setup.get();
+    if (it != comms_.end()) return it->second.collectives();
     std::string key = "nccl/";
     for (std::size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
     if (!tag.empty()) key += "#" + tag;
@@ -456,12 +483,13 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     cfg.blocking = 0;
     ncclComm_t c = nullptr;
     const auto world = comms_.find({world_ranks_, std::string()});
-    const bool split = !partition.empty() && world != comms_.end() && world->second.setup;
+    const bool split = !partition.empty() && world != comms_.end() && world->second.parent();
     const std::string what = (split ? "ncclCommSplit(world -> " : "ncclCommInitRankConfig(") + key + ")";
     ncclResult_t r = ncclSuccess;
     if (split) {
       const auto part = std::find(partition.begin(), partition.end(), ranks) - partition.begin();
-      r = ncclCommSplit(world->second.setup.get(), static_cast<int>(part), static_cast<int>(pos), &c, &cfg);
+      if (world->second.adopted) arrival_barrier(what.c_str());
+      r = ncclCommSplit(world->second.parent(), static_cast<int>(part), static_cast<int>(pos), &c, &cfg);
     } else {
       const ncclUniqueId id = ids_->get(key, pos == 0, opt_.timeout);
       r = ncclCommInitRankConfig(&c, static_cast<int>(ranks.size()), id, static_cast<int>(pos), &cfg);
@@ -469,7 +497,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
     comm_pair& pair = comms_[{ranks, tag}];
     pair.setup = nccl_comm(c);  // owned before waiting, so a timeout's abort reaches it
-    if (split) settle(world->second.setup.get(), what.c_str());
+    if (split) settle(world->second.parent(), what.c_str());
     settle(c, what.c_str());
     // Set-up ran non-blocking so that it can time out; collectives run on a blocking child
     // made by ncclCommSplit (collective over the same members, right away): a non-blocking
@@ -495,16 +523,17 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const ncclComm_t data = comm_for(ranks, partition, tag);
     comm_pair& pair = comms_.at({ranks, tag});
     if (pair.overlap) return pair.overlap.get();
-    if (!pair.data) return data;  // CCGRAPH_NCCL_NONBLOCKING=1: one communicator per group
+    if (!pair.data && !pair.adopted) return data;  // CCGRAPH_NCCL_NONBLOCKING=1: one communicator per group
     const auto pos = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
     device_scope scope(device_);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 1;
     cfg.maxCTAs = opt_.overlap_sms;
     ncclComm_t o = nullptr;
-    const ncclResult_t r = ncclCommSplit(pair.setup.get(), 0, static_cast<int>(pos), &o, &cfg);
+    if (pair.adopted) arrival_barrier("ncclCommSplit(adopted -> overlap communicator)");
+    const ncclResult_t r = ncclCommSplit(pair.parent(), 0, static_cast<int>(pos), &o, &cfg);
     if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
-    settle(pair.setup.get(), "ncclCommSplit(overlap communicator)");
+    settle(pair.parent(), "ncclCommSplit(overlap communicator)");
     pair.overlap = nccl_comm(o);
     return o;
   }
@@ -543,7 +572,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       // Several NCCL calls (coalesced forms, send/recv pairs) go in one group; a single call
       // is its own group, without the explicit one's extra host cost.
       // (A non-blocking communicator, CCGRAPH_NCCL_NONBLOCKING=1, reports through the group.)
-      const bool grouped = nonblocking_ || req->inputs.size() > 1 || detail::nccl_always_grouped(req->op);
+      // So do those on an adopted communicator, which may be non-blocking: ccgraph cannot ask.
+      const bool grouped = nonblocking_ || c == adopted_ || req->inputs.size() > 1 ||
+                           detail::nccl_always_grouped(req->op);
       if (grouped) CCGRAPH_CHECK_NCCL(ncclGroupStart());
       ncclResult_t r = ncclSuccess;
       try {
@@ -628,8 +659,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   }
 
   /// Tears down every communicator of this rank without waiting for peers: in-flight kernels
-  /// end, and later NCCL calls fail. Safe to call more than once.
-  void abort_comms() {
+  /// end, and later NCCL calls fail. Safe to call more than once. An adopted communicator
+  /// (adopt_world) is aborted too when `adopted` (its abort function; a hang on it has no other
+  /// end), else only forgotten.
+  void abort_comms(bool adopted = true) {
     // First let queued copy-engine all_reduces pass their waits: NCCL's abort frees device
     // memory, and cudaFree waits for the whole device, a stream stuck on a flag included.
     release_channels();
@@ -639,6 +672,61 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       if (c.setup) (void)ncclCommAbort(c.setup.release());
     }
     comms_.clear();
+    if (adopted_ && adopted) {
+      adopted_aborted_ = true;
+      try {
+        if (abort_adopted_) abort_adopted_(adopted_);
+        else (void)ncclCommAbort(adopted_);
+      } catch (...) {  // (the caller's function; a failure here has nobody to report to)
+      }
+    }
+    adopted_ = nullptr;
+  }
+
+  /// Makes `c`, the caller's communicator over the whole world (this rank its rank `rank()`),
+  /// the world's: its collectives run on it and mesh dimensions are split from it, but ccgraph
+  /// never destroys it. `abort` ends a hang on it (null: ncclCommAbort). Before the first
+  /// comm_for.
+  void adopt_world(ncclComm_t c, std::function<void(ncclComm_t)> abort) {
+    CCGRAPH_CHECK(comms_.empty(), "nccl: adopt_world after the rank made communicators");
+    comms_[{world_ranks_, std::string()}].adopted = c;
+    adopted_ = c;
+    abort_adopted_ = std::move(abort);
+  }
+
+  /// True once a timeout or failure made this rank abort its adopted communicator.
+  bool adopted_aborted() const { return adopted_aborted_; }
+
+  /// True while the rank holds communicators or copy-engine channels of its own (not an
+  /// adopted one), which a clean end destroys only once every peer is done with them.
+  bool owns_communicators() const {
+    return !channels_.empty() ||
+           std::any_of(comms_.begin(), comms_.end(), [](const auto& kv) { return !kv.second.adopted; });
+  }
+
+  /// Waits until every rank of the world reached this call: a one-element all_reduce on the
+  /// world's communicator, waited for under the watchdog (a missing peer: a timeout_error and
+  /// the communicators aborted, never a hang).
+  void world_barrier(const char* what) {
+    const ncclComm_t c = comm_for(world_ranks_);
+    device_scope scope(device_);
+    current_watchdog_guard g(&watchdog_);
+    void* d = nullptr;
+    CCGRAPH_CHECK_CUDA(cudaMallocAsync(&d, sizeof(float), comm_stream()));
+    try {
+      CCGRAPH_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(float), comm_stream()));
+      CCGRAPH_CHECK_NCCL(ncclGroupStart());
+      const ncclResult_t ar = ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, comm_stream());
+      const ncclResult_t r = ncclGroupEnd();
+      CCGRAPH_CHECK_NCCL(ar);
+      if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
+      if (r == ncclInProgress) settle(c, what);
+      wait_stream(comm_stream(), what);
+    } catch (...) {
+      (void)cudaFreeAsync(d, comm_stream());
+      throw;
+    }
+    CCGRAPH_CHECK_CUDA(cudaFreeAsync(d, comm_stream()));
   }
 
   /// Waits until everything queued on the communication stream has run (end of the rank).
@@ -674,6 +762,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     nccl_comm setup;
     nccl_comm data;     // empty under CCGRAPH_NCCL_NONBLOCKING=1: collectives use `setup`
     nccl_comm overlap;  // capped at overlap_sms CTAs, made on first overlapped use
+    ncclComm_t adopted = nullptr;  // the caller's (adopt_world): collectives and splits use it,
+                                   // ccgraph never destroys it (setup and data stay empty)
+    /// The communicator collectives run on.
+    ncclComm_t collectives() const { return adopted ? adopted : data ? data.get() : setup.get(); }
+    /// The communicator children are split from (non-blocking, or the caller's).
+    ncclComm_t parent() const { return adopted ? adopted : setup.get(); }
   };
 
   static std::vector<int> all_ranks(int n) {
@@ -705,6 +799,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     return std::all_of(before.begin(), before.end(),
                        [&](cudaGraphNode_t d) { return std::find(deps, deps + n, d) != deps + n; });
   }
+
+  /// Before splitting from an adopted communicator: that split blocks the host until every rank
+  /// calls it when the caller made the communicator blocking (NCCL's group follows the
+  /// parent), out of the watchdog's reach. A barrier under the watchdog first makes sure every
+  /// rank got there (a missing one is a timeout_error instead of a hang).
+  void arrival_barrier(const char* what) { world_barrier(what); }
 
   /// Polls a non-blocking communicator until its last call finished, with the timeout.
   void settle(ncclComm_t c, const char* what) {
@@ -783,10 +883,10 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       fail_if_aborted();
     }
     for (auto& [k, pair] : comms_) {
-      const nccl_comm& c = pair.data ? pair.data : pair.setup;
+      const ncclComm_t c = pair.collectives();
       if (!c) continue;
       ncclResult_t st = ncclSuccess;
-      if (ncclCommGetAsyncError(c.get(), &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
+      if (ncclCommGetAsyncError(c, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
         abort_comms();
         ::ccgraph::cuda::detail::throw_nccl_error(st, what, __FILE__, __LINE__);
       }
@@ -877,6 +977,9 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   event ready_;  // orders the communication stream after the producer; re-recorded per launch
   std::shared_ptr<event_pool> events_;
   std::map<comm_key, comm_pair> comms_;
+  ncclComm_t adopted_ = nullptr;  // the caller's world communicator (adopt_world), if any
+  std::function<void(ncclComm_t)> abort_adopted_;  // how to end a hang on it; null: ncclCommAbort
+  bool adopted_aborted_ = false;
   std::map<comm_key, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
   std::set<comm_key> no_channel_;  // groups whose ranks cannot have one
   std::uint64_t copy_engine_launched_ = 0;
