@@ -1017,6 +1017,80 @@ inline void nccl_work::wait() const {
   req_.reset();  // later frees on this stream come after the collective
 }
 
+/// The calling thread as one rank of the nccl backend: what process_rank and adopted_rank
+/// share. While it lives, the rank's GPU is the thread's default device for tensors, the
+/// compute stream (the rank's own, or the caller's) is its current stream, small blocks freed
+/// there are cached, blocking waits poll the rank's watchdog, and a rank_context is in scope.
+/// Made and ended on one thread; its owner calls finish() first in its destructor.
+class thread_rank {
+ public:
+  /// Rank `rank` of `world_size` on GPU `dev` (already the current device), computing on
+  /// `compute` (a non-blocking stream of its own when empty). `make(world, dev)` makes the
+  /// rank's nccl_rank; its world communicator is then set up (collective over the world).
+  template <class Make>
+  thread_rank(int rank, int world_size, int dev, std::optional<cudaStream_t> compute, Make&& make)
+      : world_(std::make_shared<gpu_world>()),
+        registry_(std::make_shared<group_registry>(world_size)),
+        device_(dev),
+        dev_guard_(device::cuda(dev)),
+        own_(own_stream(!compute)),
+        stream_(compute ? *compute : own_->get()),
+        on_(stream_),
+        blocks_(stream_, dev) {
+    comm_ = std::forward<Make>(make)(world_, dev);
+    watchdog_.emplace(comm_->watchdog());
+    std::vector<int> all(static_cast<std::size_t>(world_size));
+    for (int i = 0; i < world_size; ++i) all[static_cast<std::size_t>(i)] = i;
+    (void)comm_->comm_for(all);  // the world communicator, up front
+    ctx_.emplace(rank, world_size, device::cuda(dev), registry_, comm_);
+    scope_.emplace(*ctx_);
+  }
+  thread_rank(const thread_rank&) = delete;
+  thread_rank& operator=(const thread_rank&) = delete;
+
+  /// Ends the rank: leaves its scope, waits for its compute stream and its collectives (under
+  /// the watchdog), then `end(comm)` ends the communicators (a barrier with the peers, then
+  /// close(true)); if anything throws, they are aborted instead (a destructor cannot report it;
+  /// peers see the abort).
+  template <class End>
+  void finish(End&& end) noexcept {
+    scope_.reset();
+    try {
+      wait_stream(stream_, "draining the rank's compute at its end");
+      comm_->drain();
+      std::forward<End>(end)(*comm_);
+    } catch (...) {
+      comm_->close(false);
+    }
+    ctx_.reset();
+    watchdog_.reset();
+  }
+
+  rank_context& context() { return *ctx_; }
+  nccl_rank& comm() { return *comm_; }
+  cudaStream_t compute_stream() const { return stream_; }
+
+ private:
+  static std::optional<stream> own_stream(bool wanted) {
+    std::optional<stream> s;
+    if (wanted) s.emplace(cudaStreamNonBlocking);
+    return s;
+  }
+
+  std::shared_ptr<gpu_world> world_;
+  std::shared_ptr<group_registry> registry_;
+  int device_;
+  device_guard dev_guard_;
+  std::optional<stream> own_;  // the compute stream when the rank has its own
+  cudaStream_t stream_;
+  stream_guard on_;
+  block_cache blocks_;  // small blocks freed on stream_ (ends before it)
+  std::shared_ptr<nccl_rank> comm_;
+  std::optional<nccl_rank::current_watchdog_guard> watchdog_;
+  std::optional<rank_context> ctx_;
+  std::optional<::ccgraph::detail::rank_scope> scope_;
+};
+
 }  // namespace detail
 
 /// This process's rank when each GPU has its own process (launched by torchrun, mpirun with
@@ -1029,41 +1103,23 @@ class process_rank {
   process_rank(const env_config& cfg, nccl_options opt)
       : cfg_(cfg),
         store_(make_store_from_env(cfg)),
-        world_(std::make_shared<detail::gpu_world>()),
-        registry_(std::make_shared<group_registry>(cfg.world_size)),
-        device_(set_device(cfg)),
-        dev_guard_(device::cuda(device_)),
-        compute_(cudaStreamNonBlocking),
-        on_(compute_.get()),
-        blocks_(compute_.get(), device_) {
-    comm_ = std::make_shared<detail::nccl_rank>(cfg.rank, cfg.world_size, device_,
-                                                std::make_shared<detail::store_id_exchange>(store_),
-                                                world_, opt);
-    watchdog_.emplace(comm_->watchdog());
-    std::vector<int> all(static_cast<std::size_t>(cfg.world_size));
-    for (int i = 0; i < cfg.world_size; ++i) all[static_cast<std::size_t>(i)] = i;
-    (void)comm_->comm_for(all);
-    ctx_.emplace(cfg.rank, cfg.world_size, device::cuda(device_), registry_, comm_);
-    scope_.emplace(*ctx_);
-  }
+        rank_(cfg.rank, cfg.world_size, set_device(cfg), std::nullopt,
+              [&](std::shared_ptr<detail::gpu_world> world, int dev) {
+                return std::make_shared<detail::nccl_rank>(cfg.rank, cfg.world_size, dev,
+                                                           std::make_shared<detail::store_id_exchange>(store_),
+                                                           std::move(world), opt);
+              }) {}
   process_rank(const process_rank&) = delete;
   process_rank& operator=(const process_rank&) = delete;
   ~process_rank() {
-    scope_.reset();
-    try {
-      detail::wait_stream(compute_.get(), "draining the rank's compute at its end");
-      comm_->drain();
+    rank_.finish([&](detail::nccl_rank& comm) {
       barrier(*store_, "ccgraph/finish", cfg_.rank, cfg_.world_size);  // peers are done too
-      comm_->close(true);
-    } catch (...) {
-      comm_->close(false);  // a destructor cannot report it; peers see the abort
-    }
-    ctx_.reset();
-    watchdog_.reset();
+      comm.close(true);
+    });
   }
 
   /// The rank's context (rank, world size, device, groups).
-  rank_context& context() { return *ctx_; }
+  rank_context& context() { return rank_.context(); }
   /// The launcher's settings this rank was made from.
   const env_config& config() const { return cfg_; }
   /// The rendezvous store (for the program's own keys and barriers).
@@ -1080,18 +1136,166 @@ class process_rank {
 
   env_config cfg_;
   std::shared_ptr<::ccgraph::store> store_;
-  std::shared_ptr<detail::gpu_world> world_;
-  std::shared_ptr<group_registry> registry_;
-  int device_;
-  device_guard dev_guard_;
-  stream compute_;
-  stream_guard on_;
-  detail::block_cache blocks_;  // small blocks freed on compute_ (ends before it)
-  std::shared_ptr<detail::nccl_rank> comm_;
-  std::optional<detail::nccl_rank::current_watchdog_guard> watchdog_;
-  std::optional<rank_context> ctx_;
-  std::optional<::ccgraph::detail::rank_scope> scope_;
+  detail::thread_rank rank_;
 };
+
+/// Options of adopt().
+struct adopt_options {
+  /// The backend's options (timeout, collective placement, copy engines, ...). max_ctas applies
+  /// to the communicators ccgraph makes, not to the adopted one, which keeps the caller's
+  /// configuration.
+  nccl_options nccl = {};
+
+  /// Where the members of a group that is not a mesh dimension exchange the NCCL id of its
+  /// communicator (ranks outside the group never call, so it cannot be split from the adopted
+  /// communicator). Null: such a group's first collective is an error naming it. Any store the
+  /// ranks share (tcp_store, file_store, or one of the caller's).
+  std::shared_ptr<::ccgraph::store> store = nullptr;
+
+  /// Prefix of the keys ccgraph sets in `store`: an adoption after another over the same store
+  /// needs a prefix of its own (the keys would hand it the first one's NCCL ids).
+  std::string store_prefix = "ccgraph/adopt/";
+
+  /// How ccgraph ends a hang on the adopted communicator (a timeout, a peer's failure, an NCCL
+  /// error): called once, on the thread that found it, with the communicator; it must abort it
+  /// (ncclCommAbort, or its owner's own abort, such as ProcessGroupNCCL's). Null: ccgraph calls
+  /// ncclCommAbort itself, which frees the communicator: the caller must then neither use nor
+  /// destroy it (adopted_rank::communicator_aborted() says whether that happened).
+  std::function<void(ncclComm_t)> abort = nullptr;
+};
+
+/// The calling thread as a rank of ccgraph's nccl backend on the caller's own NCCL
+/// communicator and CUDA stream (a training loop that already has them, its own or PyTorch's
+/// ProcessGroupNCCL's). Made by adopt(); while it lives, collectives called on this thread run
+/// on that communicator (world groups) or on communicators split from it (mesh dimensions),
+/// and tensors are created on its GPU with their kernels, copies and collectives ordered on the
+/// caller's stream like any other work there: after what the caller queued before, before what
+/// it queues next, collectives on ccgraph's communication stream joined back at their wait.
+///
+/// The communicator stays the caller's: ccgraph never destroys or finalizes it, and the caller
+/// may use it again once the adopted_rank ended. On a timeout, a peer's failure or an NCCL
+/// error, ccgraph aborts it (adopt_options::abort), as nothing else ends a kernel hung on it.
+/// ccgraph issues its collectives on it in this thread's program order; any the caller issues
+/// itself on it meanwhile must come in the same order on every rank, as NCCL requires.
+///
+/// Destroy it on the thread that made it. Its end waits (host) for the work queued on the
+/// stream, and is collective over the world when ccgraph made communicators or copy-engine
+/// channels of its own (a store barrier with adopt_options::store, else a one-element
+/// all_reduce on the adopted communicator), so it may destroy them knowing the peers are done.
+class adopted_rank {
+ public:
+  adopted_rank(ncclComm_t world, cudaStream_t compute, adopt_options opt)
+      : world_(world),
+        opt_(std::move(opt)),
+        where_(check(world, compute, opt_.nccl.timeout)),
+        uncaught_(std::uncaught_exceptions()),
+        rank_(where_.rank, where_.world_size, where_.device, compute,
+              [&](std::shared_ptr<detail::gpu_world> w, int dev) {
+                std::shared_ptr<detail::id_exchange> ids;
+                if (opt_.store)
+                  ids = std::make_shared<detail::store_id_exchange>(opt_.store, opt_.store_prefix + "nccl_id/");
+                else
+                  ids = std::make_shared<detail::no_id_exchange>();
+                auto c = std::make_shared<detail::nccl_rank>(where_.rank, where_.world_size, dev, std::move(ids),
+                                                             std::move(w), opt_.nccl);
+                c->adopt_world(world_, opt_.abort);
+                return c;
+              }) {}
+  adopted_rank(const adopted_rank&) = delete;
+  adopted_rank& operator=(const adopted_rank&) = delete;
+  ~adopted_rank() {
+    // Ended by an exception: the peers may be anywhere in their programs, so no barrier (a
+    // collective here could pair with one of theirs); ccgraph's own communicators are aborted,
+    // the caller's is left to the caller.
+    const bool unwinding = std::uncaught_exceptions() > uncaught_;
+    rank_.finish([&](detail::nccl_rank& comm) {
+      if (unwinding) return comm.abort_comms(false);
+      if (opt_.store)
+        barrier(*opt_.store, opt_.store_prefix + "finish", where_.rank, where_.world_size);
+      else if (comm.owns_communicators())  // the same on every rank: only splits, made by all
+        comm.world_barrier("the barrier at the end of an adopted rank");
+      comm.close(true);
+    });
+  }
+
+  /// The rank's context (rank, world size, device, groups).
+  rank_context& context() { return rank_.context(); }
+  /// The adopted communicator (the caller's).
+  ncclComm_t communicator() const { return world_; }
+  /// The adopted stream (the caller's): ccgraph's compute stream while this lives.
+  cudaStream_t stream() const { return rank_.compute_stream(); }
+  /// True once ccgraph aborted the adopted communicator (a timeout, a peer's failure or an
+  /// NCCL error; adopt_options::abort says how).
+  bool communicator_aborted() { return rank_.comm().adopted_aborted(); }
+
+ private:
+  struct place {
+    int rank, world_size, device;
+  };
+
+  /// The communicator's rank, size and device, after checking that the calling thread's
+  /// current device and `compute`'s device are the communicator's.
+  static place check(ncclComm_t world, cudaStream_t compute, std::chrono::milliseconds timeout) {
+    ::ccgraph::detail::check_timeout("nccl_options::timeout", timeout);
+    CCGRAPH_CHECK(world != nullptr, "adopt: the communicator is null (pass the caller's ncclComm_t, made by "
+                                    "ncclCommInitRank, ncclCommInitAll or ncclCommSplit)");
+    // A non-blocking communicator may still be setting up: wait for it, under the timeout.
+    const auto start = std::chrono::steady_clock::now();
+    ncclResult_t st = ncclSuccess;
+    while (true) {
+      CCGRAPH_CHECK_NCCL(ncclCommGetAsyncError(world, &st));
+      if (st != ncclInProgress) break;
+      if (::ccgraph::detail::past_timeout(std::chrono::steady_clock::now() - start, timeout))
+        CCGRAPH_THROW(::ccgraph::timeout_error, "adopt: the communicator was still being set up after ",
+                      ::ccgraph::detail::timeout_text(timeout), " (ncclCommGetAsyncError: ncclInProgress)");
+      std::this_thread::yield();
+    }
+    CCGRAPH_CHECK(st == ncclSuccess, "adopt: the communicator reports ", ncclGetErrorString(st),
+                  " (ncclCommGetAsyncError): a failed communicator cannot be adopted");
+    place p{};
+    CCGRAPH_CHECK_NCCL(ncclCommUserRank(world, &p.rank));
+    CCGRAPH_CHECK_NCCL(ncclCommCount(world, &p.world_size));
+    CCGRAPH_CHECK_NCCL(ncclCommCuDevice(world, &p.device));
+    int current = -1;
+    CCGRAPH_CHECK_CUDA(cudaGetDevice(&current));
+    CCGRAPH_CHECK(current == p.device, "adopt: the communicator (rank ", p.rank, " of ", p.world_size,
+                  ") is on cuda:", p.device, " but the calling thread's current device is cuda:", current,
+                  " (call cudaSetDevice(", p.device, ") first)");
+    // (First: a recording stream is refused before any other query touches it.)
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CCGRAPH_CHECK_CUDA(cudaStreamIsCapturing(compute, &cap));
+    CCGRAPH_CHECK(cap == cudaStreamCaptureStatusNone, "adopt: stream ", static_cast<const void*>(compute),
+                  " is recording a CUDA Graph (adopt outside the recording; compile(..., {.cuda_graph "
+                  "= true}) records its own)");
+    int on = -1;
+    const cudaError_t sd = detail::stream_device(compute, &on);
+    if (sd != cudaSuccess) {
+      (void)cudaGetLastError();
+      CCGRAPH_THROW(::ccgraph::error, "adopt: stream ", static_cast<const void*>(compute),
+                    " is not a usable CUDA stream: ", cudaGetErrorName(sd), " (", cudaGetErrorString(sd), ")");
+    }
+    CCGRAPH_CHECK(on == p.device, "adopt: stream ", static_cast<const void*>(compute), " is on ",
+                  on < 0 ? std::string("another device") : "cuda:" + std::to_string(on),
+                  " but the communicator (rank ", p.rank, " of ", p.world_size, ") is on cuda:", p.device);
+    return p;
+  }
+
+  ncclComm_t world_;
+  adopt_options opt_;
+  place where_;
+  int uncaught_;
+  detail::thread_rank rank_;
+};
+
+/// Makes the calling thread a rank on the caller's NCCL communicator `world` (its rank and
+/// size are the communicator's; it must be on the calling thread's current device) with the
+/// caller's CUDA stream `compute` (of that device) as the compute stream; see adopted_rank.
+/// Every rank of `world` calls it. A null communicator, a device mismatch or a communicator in
+/// error is an error naming the values.
+[[nodiscard]] inline std::unique_ptr<adopted_rank> adopt(ncclComm_t world, cudaStream_t compute,
+                                                         adopt_options opt = {}) {
+  return std::make_unique<adopted_rank>(world, compute, std::move(opt));
+}
 
 /// Joins the job described by the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 /// MASTER_ADDR, MASTER_PORT; CCGRAPH_STORE_FILE for a file store): this process becomes one
