@@ -65,7 +65,7 @@ inline cudaError_t stream_device(cudaStream_t s, int* device) noexcept {
   if ((st = cudaEventCreateWithFlags(&e, cudaEventDisableTiming)) != cudaSuccess) return st;
   st = cudaEventRecord(e, s);
   (void)cudaEventDestroy(e);
-  if (st == cudaErrorInvalidResourceHandle || st == cudaErrorInvalidHandle) {
+  if (st == cudaErrorInvalidResourceHandle) {
     (void)cudaGetLastError();
     *device = -1;
     return cudaSuccess;
