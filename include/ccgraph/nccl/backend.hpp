@@ -5,7 +5,9 @@
 // so a peer that never arrives or dies ends in an error after a timeout (the rank's
 // communicators are aborted), never a hang; collectives run on a blocking child of each.
 // Large all_reduces of two-GPU groups that a schedule overlaps with compute run on the copy
-// engines instead (peer_channel.hpp), which leaves the SMs to the compute.
+// engines instead (peer_channel.hpp), which leaves the SMs to the compute. A rank is made by
+// run_gpus (a thread per GPU), init_from_env (a process per GPU) or adopt (on the caller's own
+// communicator and stream).
 #pragma once
 
 #include <algorithm>
