@@ -1176,7 +1176,9 @@ struct adopt_options {
 ///
 /// The communicator stays the caller's: ccgraph never destroys or finalizes it, and the caller
 /// may use it again once the adopted_rank ended. On a timeout, a peer's failure or an NCCL
-/// error, ccgraph aborts it (adopt_options::abort), as nothing else ends a kernel hung on it.
+/// error, ccgraph aborts it (adopt_options::abort), as nothing else ends a kernel hung on it
+/// (make it with NCCL_RUNTIME_CONNECT=0, as ccgraph's own are: a lazily connecting one can
+/// block the host in a first launch while a peer is missing, out of the watchdog's reach).
 /// ccgraph issues its collectives on it in this thread's program order; any the caller issues
 /// itself on it meanwhile must come in the same order on every rank, as NCCL requires.
 ///
