@@ -19,6 +19,9 @@ inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
 
 /// Makes `s` this thread's current stream for the guard's lifetime (the executor uses this to
 /// run a graph's compute on its own stream, and capture uses it to record into a CUDA Graph).
+/// Inside a rank it runs the rank's work on `s`, eager or compiled: a caller's own stream.
+/// Like torch.cuda.stream, it orders nothing between `s` and the previous stream at either
+/// end (docs/cuda_graphs.md, "Just a stream, on an existing rank").
 class stream_guard {
  public:
   explicit stream_guard(cudaStream_t s) : prev_(detail::current_stream_slot()) {
