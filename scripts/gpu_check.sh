@@ -2,7 +2,7 @@
 # Everything ccgraph can check on a GPU machine, in one go, for lent machines whose time is
 # short: the GPU test cases one by one (each under its own time limit, so a case that hangs
 # costs its limit and the others still run), the launcher test on 1, 2 and every GPU's worth
-# of processes, the GPU examples, and bench_gpu. Logs go to OUTDIR; OUTDIR/summary.txt has one
+# of processes, the NVTX ranges test, the GPU examples, and bench_gpu. Logs go to OUTDIR; OUTDIR/summary.txt has one
 # line per step.
 #
 # The cases that one GPU runs (the kernels, one-rank collectives) run first, GPU_CHECK_JOBS at
@@ -153,6 +153,11 @@ if [ -x "$launch" ] && [ "$gpus" -ge 1 ]; then
     run_step "launcher: $n process(es), init_from_env" 120 "$OUT/launch_$n.log" \
       bash "$HERE/ccgraph-launch" -n "$n" "$launch"
   done
+fi
+
+nvtx="$BUILD/tests/ccgraph_gpu_nvtx"
+if [ -x "$nvtx" ] && [ "$gpus" -ge 1 ]; then
+  run_step "ccgraph_gpu_nvtx (NVTX ranges per node, as a tool sees them)" 120 "$OUT/gpu_nvtx.log" "$nvtx"
 fi
 
 for example in "$BUILD"/examples/example_*gpu*; do

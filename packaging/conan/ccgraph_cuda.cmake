@@ -18,7 +18,8 @@ endif()
 if(CUDAToolkit_FOUND AND NCCL_FOUND)
   add_library(ccgraph::cuda INTERFACE IMPORTED)
   set_target_properties(ccgraph::cuda PROPERTIES
-    INTERFACE_LINK_LIBRARIES "ccgraph::ccgraph;CUDA::cudart;CUDA::cublasLt;CUDA::cublas;NCCL::NCCL"
+    # ${CMAKE_DL_LIBS}: NVTX (cuda/nvtx.hpp) finds a tool with dlopen, in libdl before glibc 2.34.
+    INTERFACE_LINK_LIBRARIES "ccgraph::ccgraph;CUDA::cudart;CUDA::cublasLt;CUDA::cublas;NCCL::NCCL;${CMAKE_DL_LIBS}"
     INTERFACE_COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr;--extended-lambda>")
   set(ccgraph_cuda_FOUND TRUE)
 endif()

@@ -1,5 +1,5 @@
 // tests/runtime/test_executor.cpp: what the graph runner (ccgraph/runtime/executor.hpp) tells a
-// backend about each collective it launches.
+// backend about each collective it launches, and what a profiled call measures.
 #include <doctest/doctest.h>
 
 #include <ccgraph/ccgraph.hpp>
@@ -8,7 +8,14 @@
 #include "../../examples/programs.hpp"
 #include "support.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstring>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <variant>
 #include <vector>
 
 namespace cg = ccgraph;
@@ -361,4 +368,276 @@ TEST_CASE("executor.update_inputs.old_value_read_by_a_collective_until_its_wait"
         }
       });
   }
+}
+
+// --- profiled calls: the measured timeline (basic_executor::run_profiled) --------------------
+
+namespace {
+
+/// out = x after sleeping attrs[0] milliseconds: a node whose time is known.
+const cg::user_op& profile_sleepy() {
+  static const cg::user_op op = [] {
+    cg::user_op_def d;
+    d.name = "test::profile_sleepy";
+    d.infer = [](const std::vector<cg::tensor_meta>& in, const std::vector<double>&) {
+      return std::vector<cg::tensor_meta>{in.at(0)};
+    };
+    d.cpu = [](const cg::user_op_call& c) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(c.attrs.at(0)));
+      cg::tensor<float>(std::get<cg::tensor<float>>(c.outputs[0])).copy_(std::get<cg::tensor<float>>(c.inputs[0]));
+    };
+    d.cost = [](const cg::cost_args& a, const std::vector<double>&) {
+      const double elems = static_cast<double>(cg::numel_of(a.in[0].shape));
+      return cg::op_cost::compute(elems, 8 * elems, cg::peak_class::vector);
+    };
+    return cg::register_op(d);
+  }();
+  return op;
+}
+
+/// A strict JSON (RFC 8259) recogniser, enough to tell that a trace parses.
+struct profile_json_reader {
+  const std::string& s;
+  std::size_t i = 0;
+  void ws() {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) ++i;
+  }
+  bool lit(const char* w) {
+    const std::size_t n = std::strlen(w);
+    if (s.compare(i, n, w) != 0) return false;
+    i += n;
+    return true;
+  }
+  bool string() {
+    if (i >= s.size() || s[i] != '"') return false;
+    for (++i; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c == '"') return ++i, true;
+      if (c < 0x20) return false;
+      if (c == '\\') {
+        if (++i >= s.size()) return false;
+        if (s[i] == 'u') {
+          for (int k = 0; k < 4; ++k)
+            if (++i >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
+        } else if (std::string("\"\\/bfnrt").find(s[i]) == std::string::npos) {
+          return false;
+        }
+      }
+    }
+    return false;
+  }
+  bool number() {
+    const std::size_t b = i;
+    if (i < s.size() && s[i] == '-') ++i;
+    const std::size_t d = i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    if (i == d || (s[d] == '0' && i - d > 1)) return false;
+    if (i < s.size() && s[i] == '.') {
+      const std::size_t f = ++i;
+      while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+      if (i == f) return false;
+    }
+    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+      ++i;
+      if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+      const std::size_t e = i;
+      while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+      if (i == e) return false;
+    }
+    return i > b;
+  }
+  bool value() {
+    ws();
+    if (i >= s.size()) return false;
+    bool ok = false;
+    if (s[i] == '{') {
+      ++i, ws();
+      if (i < s.size() && s[i] == '}') return ++i, true;
+      do {
+        ws();
+        if (!string()) return false;
+        ws();
+        if (i >= s.size() || s[i++] != ':' || !value()) return false;
+        ws();
+      } while (i < s.size() && s[i] == ',' && ++i);
+      ok = i < s.size() && s[i++] == '}';
+    } else if (s[i] == '[') {
+      ++i, ws();
+      if (i < s.size() && s[i] == ']') return ++i, true;
+      do {
+        if (!value()) return false;
+        ws();
+      } while (i < s.size() && s[i] == ',' && ++i);
+      ok = i < s.size() && s[i++] == ']';
+    } else if (s[i] == '"') {
+      ok = string();
+    } else {
+      ok = lit("true") || lit("false") || lit("null") || number();
+    }
+    ws();
+    return ok;
+  }
+  static bool valid(const std::string& text) {
+    profile_json_reader r{text};
+    return r.value() && r.i == text.size();
+  }
+};
+
+/// Every node of `g` once, in order; intervals ordered, non-negative and inside the call;
+/// collectives alone on the communication track, one at a time; the compute track in order;
+/// the totals what the events add up to.
+void check_measured(const cg::graph& g, const cg::timeline& tl) {
+  REQUIRE(tl.events.size() == g.nodes().size());
+  double compute_free = 0, comm_free = 0, compute = 0, comm = 0, stalls = 0, last = 0;
+  for (std::size_t i = 0; i < tl.events.size(); ++i) {
+    const cg::timeline_event& ev = tl.events[i];
+    CAPTURE(i);
+    CHECK(ev.n == g.nodes()[i]);
+    CHECK(ev.on_comm_stream == ev.n->is_collective());
+    CHECK(ev.start_us >= 0);
+    CHECK(ev.end_us >= ev.start_us);
+    CHECK(ev.end_us <= tl.total_us);
+    CHECK(ev.stall_us >= 0);
+    if (!ev.n->is_wait()) CHECK(ev.stall_us == 0);
+    if (ev.on_comm_stream) {
+      CHECK(ev.start_us >= comm_free);
+      comm_free = ev.end_us;
+      comm += ev.end_us - ev.start_us;
+    } else {
+      CHECK(ev.start_us - ev.stall_us >= compute_free);
+      compute_free = ev.end_us;
+      compute += ev.end_us - ev.start_us;
+      stalls += ev.stall_us;
+    }
+    last = std::max(last, ev.end_us);
+  }
+  CHECK(tl.total_us == doctest::Approx(last));
+  CHECK(tl.compute_us == doctest::Approx(compute));
+  CHECK(tl.comm_us == doctest::Approx(comm));
+  CHECK(tl.exposed_comm_us == doctest::Approx(stalls + std::max(0.0, comm_free - compute_free)));
+}
+
+}  // namespace
+
+TEST_CASE("executor.profile.threads.every_node_once_and_the_slow_one_longest") {
+  ccgraph_test::run(2, [](cg::rank_context& ctx) {
+    const cg::group world = std::vector<int>{0, 1};
+    auto program = [&](auto a) {
+      auto ar = cg::all_reduce(a, "sum", world);
+      auto m = cg::matmul(a, a);
+      auto slow = profile_sleepy().with({30.0})(m);
+      return cg::eval(cg::wait_tensor(ar) + slow);
+    };
+    const auto a = cg::full<float>({8, 8}, static_cast<float>(ctx.rank() + 1));
+    auto s = cg::schedule(cg::trace(program, cg::input<float>({8, 8})), {"sink_waits", "raise_comms"});
+    auto run = cg::compile(s, ctx);
+    const auto plain = run(a).to_vector();
+    const cg::profiled<cg::tensor<float>> p = run.profile(a);
+    CHECK(p.result.to_vector() == plain);  // measuring changes nothing
+    const cg::graph& g = run.exec().graph_ref();
+    check_measured(g, p.measured);
+    const cg::timeline_event* slowest = nullptr;
+    int collectives = 0;
+    for (const auto& ev : p.measured.events) {
+      collectives += ev.on_comm_stream;
+      if (!slowest || ev.end_us - ev.start_us > slowest->end_us - slowest->start_us) slowest = &ev;
+    }
+    CHECK(collectives == 1);
+    REQUIRE(slowest != nullptr);
+    CHECK(std::holds_alternative<cg::ops::user>(slowest->n->kind()));  // test::profile_sleepy
+    CHECK(slowest->end_us - slowest->start_us >= 30000 * 0.99);  // sleep_for sleeps at least that
+    CHECK(p.measured.compute_us >= 30000 * 0.99);
+    CHECK(p.measured.comm_us > 0);
+    // Run again: each call measures from its own start.
+    const auto again = run.profile(a);
+    check_measured(g, again.measured);
+    CHECK(again.measured.total_us < 30 * 1e6);
+  });
+}
+
+TEST_CASE("executor.profile.threads.a_late_peer_is_exposed_at_the_wait") {
+  // Rank 1 reaches the all_reduce 40 ms late: rank 0's wait stands still for it, which its
+  // measured timeline shows as exposed communication; rank 1 waits for nothing much.
+  ccgraph_test::run(2, [](cg::rank_context& ctx) {
+    const cg::group world = std::vector<int>{0, 1};
+    const double late_ms = ctx.rank() == 1 ? 40.0 : 0.0;
+    auto program = [&](auto a) {
+      auto x = profile_sleepy().with({late_ms})(a);
+      return cg::eval(cg::wait_tensor(cg::all_reduce(x, "sum", world)) * 2.f);
+    };
+    auto run = cg::compile(cg::trace(program, cg::input<float>({4})), ctx);
+    const auto p = run.profile(cg::ones<float>({4}));
+    CHECK(p.result.to_vector() == std::vector<float>(4, 4.f));
+    check_measured(run.exec().graph_ref(), p.measured);
+    double stall = 0, comm = 0;
+    for (const auto& ev : p.measured.events) {
+      if (ev.n->is_wait()) stall = ev.stall_us;
+      if (ev.on_comm_stream) comm = ev.end_us - ev.start_us;
+    }
+    if (ctx.rank() == 0) {
+      CHECK(stall >= 30000);  // 40 ms late, less what rank 0's own launch took
+      CHECK(comm >= 30000);   // taken up at once, complete once rank 1 came
+      CHECK(p.measured.exposed_comm_us >= 30000);
+    } else {
+      CHECK(p.measured.compute_us >= 40000 * 0.99);
+    }
+  });
+}
+
+TEST_CASE("executor.profile.predicted_and_measured_in_one_chrome_trace") {
+  ccgraph_test::run(2, [](cg::rank_context& ctx) {
+    const cg::group world = std::vector<int>{0, 1};
+    auto g = cg::schedule(cg::trace(cg::examples::seed_program(world), cg::input<float>({8, 8})),
+                          {"sink_waits", "raise_comms", "reorder_compute_for_overlap"});
+    const cg::executor exec(g, ctx);
+    const auto p = exec.run_profiled({cg::any_tensor(cg::ones<float>({8, 8}))});
+    check_measured(exec.graph_ref(), p.measured);
+    const cg::timeline predicted = cg::predict(g);
+    const std::string json = cg::predicted_vs_measured_trace(predicted, p.measured);
+    CHECK(json == cg::to_chrome_trace({predicted, p.measured}, {"predicted", "measured"}));
+    CHECK(profile_json_reader::valid(json));
+    CHECK_FALSE(profile_json_reader::valid(json.substr(0, json.size() - 3)));  // the reader does reject
+    CHECK(ccgraph_test::contains(json, "\"args\":{\"name\":\"predicted\"}"));
+    CHECK(ccgraph_test::contains(json, "\"args\":{\"name\":\"measured\"}"));
+    // Each compute or collective node appears once per process, under the same label.
+    for (const cg::node* n : g.nodes()) {
+      if (n->category() == cg::op_category::input || n->category() == cg::op_category::output) continue;
+      const std::string label = "{\"name\":\"" + cg::detail::json_escape(cg::detail::node_label(*n)) + "\"";
+      std::size_t count = 0;
+      for (std::size_t at = json.find(label); at != std::string::npos; at = json.find(label, at + 1)) ++count;
+      CHECK_MESSAGE(count == 2, label);
+    }
+    CHECK(cg::overlap_report(p.measured).find("total ") != std::string::npos);
+  });
+}
+
+TEST_CASE("executor.profile.pending_outputs_and_sends_only") {
+  // A result returned pending: its collective is measured to its completion, and what runs
+  // past the compute is exposed.
+  ccgraph_test::run(2, [](cg::rank_context& ctx) {
+    const cg::group world = std::vector<int>{0, 1};
+    auto program = [&](auto a) { return std::tuple{cg::all_reduce(a, "sum", world), cg::eval(cg::relu(a))}; };
+    auto run = cg::compile(cg::trace(program, cg::input<float>({16})), ctx, {.pending_outputs = true});
+    const auto p = run.profile(cg::ones<float>({16}));
+    CHECK(std::get<0>(p.result).to_vector() == std::vector<float>(16, 2.f));
+    check_measured(run.exec().graph_ref(), p.measured);
+    // Unprofiled calls after a profiled one run as before.
+    CHECK(std::get<0>(run(cg::ones<float>({16}))).to_vector() == std::vector<float>(16, 2.f));
+  });
+}
+
+TEST_CASE("executor.profile.compile_function") {
+  ccgraph_test::run(2, [](cg::rank_context& ctx) {
+    const cg::group world = std::vector<int>{0, 1};
+    auto f = cg::compile_function<float>(
+        [&](auto a) { return cg::eval(cg::wait_tensor(cg::all_reduce(a, "sum", world)) + cg::relu(a)); }, ctx,
+        {.passes = {"sink_waits", "raise_comms"}});
+    const auto x = cg::ones<float>({8});
+    const auto p = f.profile(x);
+    CHECK(p.result.to_vector() == f(x).to_vector());
+    CHECK(f.compiles() == 1);  // the profiled call compiled it, the plain one reused it
+    const auto* c = f.compiled_for({{8}});
+    REQUIRE(c != nullptr);
+    check_measured(c->exec().graph_ref(), p.measured);
+  });
 }

@@ -11,3 +11,6 @@
 #ifdef NCCL_H_
 #error "<ccgraph/ccgraph.hpp> includes nccl.h; move it behind <ccgraph/cuda.hpp>"
 #endif
+#ifdef NVTX_VERSION
+#error "<ccgraph/ccgraph.hpp> includes NVTX (nvtx3/nvToolsExt.h); it belongs behind <ccgraph/cuda.hpp>"
+#endif

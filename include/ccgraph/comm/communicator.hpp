@@ -63,6 +63,10 @@ struct collective_request {
   /// Where the user called the collective (the public call, or the traced node a compiled
   /// graph runs); line 0 when unknown. Mismatch errors name it.
   std::source_location source{};
+  /// Time the collective (a profiled executor call): a host backend stamps its work
+  /// (work::enable_timing), a device backend records timing events around it on the stream it
+  /// runs on (work::device_events). Off: no clock is read, no event made.
+  bool timed = false;
 
   /// The schedule overlaps a matmul with this collective.
   bool overlapped() const { return overlap == overlap_hint::matmul; }

@@ -21,6 +21,7 @@
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/graph.hpp>
+#include <ccgraph/cuda/nvtx.hpp>
 #include <ccgraph/tensor/device_runtime.hpp>
 
 #include <cuda_runtime_api.h>
@@ -247,9 +248,53 @@ inline device pointer_device(const void* p) {
   return device::cpu();
 }
 
+/// A timing event recorded now on the calling thread's stream (a profiled executor call).
+inline void* record_event(device dev) {
+  device_scope scope(dev.index);
+  cudaEvent_t e = nullptr;
+  CCGRAPH_CHECK_CUDA(cudaEventCreate(&e));  // timing on: only profiled calls make these
+  const cudaError_t st = cudaEventRecord(e, current_stream());
+  if (st != cudaSuccess) (void)cudaEventDestroy(e);
+  CCGRAPH_CHECK_CUDA(st);
+  return static_cast<void*>(e);
+}
+
+/// Blocks until `e` has completed, polling under the rank's watchdog as wait_stream does.
+inline void wait_event(cudaEvent_t e, const char* what) {
+  wait_watchdog* w = current_watchdog();
+  if (!w) {
+    CCGRAPH_CHECK_CUDA(cudaEventSynchronize(e));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    const cudaError_t st = cudaEventQuery(e);
+    if (st == cudaSuccess) return;
+    if (st != cudaErrorNotReady) CCGRAPH_CHECK_CUDA(st);
+    w->check(std::chrono::steady_clock::now() - start, what);
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+/// The time from event `from` to event `to` in microseconds, once both completed (they may be
+/// on different streams of the device).
+inline double elapsed_us(device dev, void* from, void* to) {
+  device_scope scope(dev.index);
+  wait_event(static_cast<cudaEvent_t>(from), "profile");
+  wait_event(static_cast<cudaEvent_t>(to), "profile");
+  float ms = 0;
+  CCGRAPH_CHECK_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return 1000.0 * static_cast<double>(ms);
+}
+
+inline void destroy_event(void* e) {
+  if (e) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
 inline const ::ccgraph::detail::device_runtime runtime_table{
-    &allocate, &deallocate, &copy, &synchronize, &gemm_entry, &capture_begin, &capture_end, &replay,
-    &destroy_graph, &gemm_batched_entry, &stream_entry, &pointer_device};
+    &allocate,     &deallocate,     &copy,           &synchronize,   &gemm_entry, &capture_begin,
+    &capture_end,  &replay,         &destroy_graph,  &gemm_batched_entry, &stream_entry, &pointer_device,
+    &record_event, &elapsed_us,     &destroy_event,  &nvtx_register, &nvtx_push,  &nvtx_pop};
 
 /// Installs the CUDA runtime for device tensors (at static initialisation of every translation
 /// unit that includes this header; idempotent).

@@ -42,6 +42,7 @@
 #include <ccgraph/cuda/current.hpp>
 #include <ccgraph/cuda/error.hpp>
 #include <ccgraph/cuda/nccl_comm.hpp>
+#include <ccgraph/cuda/nvtx.hpp>
 #include <ccgraph/nccl/ops.hpp>
 #include <ccgraph/cuda/peer_channel.hpp>
 #include <ccgraph/cuda/runtime.hpp>
@@ -384,6 +385,24 @@ inline const bool nccl_connect_at_setup = [] {
 
 class nccl_rank;
 
+/// The timing events a profiled collective (collective_request::timed) is recorded between,
+/// on the stream it runs on; owned by its work.
+struct timing_events {
+  cudaEvent_t start = nullptr, end = nullptr;
+  timing_events() {
+    CCGRAPH_CHECK_CUDA(cudaEventCreate(&start));
+    const cudaError_t st = cudaEventCreate(&end);
+    if (st != cudaSuccess) (void)cudaEventDestroy(start);
+    CCGRAPH_CHECK_CUDA(st);
+  }
+  timing_events(const timing_events&) = delete;
+  timing_events& operator=(const timing_events&) = delete;
+  ~timing_events() {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(end);
+  }
+};
+
 /// Completion of one collective on the nccl backend. Waiting enqueues a wait for its event on
 /// the calling thread's stream (the host does not block; nothing when the collective ran on
 /// that stream) and releases the buffers the collective used: any later free on that stream is
@@ -393,13 +412,23 @@ class nccl_work final : public ::ccgraph::detail::work {
   /// `caller`: the stream it ran on when that was the caller's, else null (the
   /// communication stream).
   nccl_work(std::shared_ptr<nccl_rank> owner, shared_event done,
-            std::shared_ptr<::ccgraph::detail::collective_request> req, bool capped, cudaStream_t caller)
-      : owner_(std::move(owner)), done_(std::move(done)), req_(std::move(req)), capped_(capped), caller_(caller) {}
+            std::shared_ptr<::ccgraph::detail::collective_request> req, bool capped, cudaStream_t caller,
+            std::unique_ptr<timing_events> timing = nullptr)
+      : owner_(std::move(owner)),
+        done_(std::move(done)),
+        req_(std::move(req)),
+        capped_(capped),
+        caller_(caller),
+        timing_(std::move(timing)) {}
   ~nccl_work() override;
   void wait() const override;
   bool ready() const override {
     if (capturing()) return false;
     return cudaEventQuery(done_.get()) == cudaSuccess;
+  }
+  std::pair<void*, void*> device_events() const override {
+    if (!timing_) return {nullptr, nullptr};
+    return {static_cast<void*>(timing_->start), static_cast<void*>(timing_->end)};
   }
 
  private:
@@ -408,6 +437,7 @@ class nccl_work final : public ::ccgraph::detail::work {
   mutable std::shared_ptr<::ccgraph::detail::collective_request> req_;
   bool capped_;  // ran on the overlap communicator
   cudaStream_t caller_;  // the caller's stream it ran on, or null
+  std::unique_ptr<timing_events> timing_;  // a profiled call's (collective_request::timed)
   mutable std::mutex mu_;
 
   /// Orders the calling thread's stream after the collective.
@@ -547,6 +577,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     fail_if_aborted();
     req->rank = rank_;
     const char* what = ::ccgraph::detail::visit([](const auto& o) { return o.name.data(); }, req->op);
+    nvtx_scope range(what);  // Nsight Systems: the launch, named after the collective
     // A copy-engine all_reduce always runs on the communication stream: the channel's flags
     // need one order of its all_reduces on each rank, and two streams could run them at once.
     const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
@@ -563,6 +594,13 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const peer_channel* ch = ce ? channel_for(*req, s, in_capture) : nullptr;
     const bool capped = !ch && !on_caller && req->overlapped() && opt_.overlap_sms > 0;
     shared_event done = events_->get();
+    // A profiled call: timed on the stream it runs on, from when that stream reaches it (after
+    // its inputs' producer) to its end.
+    std::unique_ptr<timing_events> timing;
+    if (req->timed && !in_capture) {
+      timing = std::make_unique<timing_events>();
+      CCGRAPH_CHECK_CUDA(cudaEventRecord(timing->start, s));
+    }
     if (ch) {
       const auto& in = req->inputs[0];
       ch->all_reduce(buffer_ptr(in), buffer_ptr(req->outputs[0]), static_cast<std::size_t>(numel_of(in.meta.shape)),
@@ -590,6 +628,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       if (r == ncclInProgress) settle(c, what);
     }
     CCGRAPH_CHECK_CUDA(cudaEventRecord(done.get(), s));
+    if (timing) CCGRAPH_CHECK_CUDA(cudaEventRecord(timing->end, s));
     // On the caller's stream, a free there is ordered after the collective, as after any
     // kernel: the request need not keep its buffers (only what names it in errors), so
     // tensors dropped meanwhile are reused at once and reaping frees nothing.
@@ -599,10 +638,12 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     if (!in_capture) track(done, s, req);
     ++launched_[on_caller];
     if (on_caller)  // it runs before anything the caller queues next: no GEMM runs beside it
-      return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), false, s);
+      return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), false, s,
+                                         std::move(timing));
     ++unjoined_[capped];
     update_carveout();
-    return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), capped, nullptr);
+    return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), capped, nullptr,
+                                       std::move(timing));
   }
 
   /// Collectives this rank launched on its communication stream ([0]) and on the caller's

@@ -43,19 +43,20 @@ buffer to_buffer(const tensor<T>& t) {
 /// issue order. With `into` (one contiguous tensor per op output, of the inferred shapes: the
 /// executor's planned buffers) the results are written there instead of into new tensors; an
 /// output may share its bytes with its own input (an in-place all_reduce), which every backend
-/// supports. `overlap`: see collective_request::overlap.
+/// supports. `overlap`: see collective_request::overlap. `timed`: see collective_request::timed.
 template <class T>
 std::vector<tensor<T>> launch_collective(rank_context& ctx, const char* what, ops::collective_op op,
                                          group_info gi, const std::vector<tensor<T>>& inputs,
                                          const std::vector<tensor<T>>* into = nullptr,
                                          overlap_hint overlap = overlap_hint::unknown,
-                                         work_ptr* launched = nullptr) {
+                                         work_ptr* launched = nullptr, bool timed = false) {
   // Before anything reaches a backend, which indexes its peers by the group's ranks: a graph
   // traced for another world or rank carries groups this rank cannot run.
   check_group_fits(what, gi, ctx.rank(), ctx.world_size());
   auto req = std::make_shared<collective_request>();
   req->group = std::move(gi);
   req->overlap = overlap;
+  req->timed = timed;
   req->source = current_call_site();
   std::vector<tensor_meta> metas;
   metas.reserve(inputs.size());

@@ -254,22 +254,15 @@ class compiled_function {
   /// kept, so a later call tries again.
   result_type operator()(const detail::function_param_t<Xs>&... args) {
     const auto all = std::forward_as_tuple(args...);
-    std::vector<shape_t> shapes;
-    hosts_type hosts = split(all, shapes);
-    std::optional<graph_type> traced;
-    detail::hasher h;
-    for (const auto& s : shapes) h.add(s);
-    if (opt_.guard == function_guard::trace) {
-      // The graph holds every host value the program depends on: host arguments that leave it
-      // unchanged need no graph of their own.
-      traced.emplace(trace_with(hosts, shapes));
-      h.add(static_cast<std::int64_t>(structural_hash(*traced)));
-    } else {
-      detail::hash_host(h, hosts);
-    }
-    entry* hit = find(h.h, shapes, hosts, traced ? &*traced : nullptr);
-    if (!hit) hit = &add(h.h, std::move(shapes), std::move(hosts), std::move(traced));
-    return run(hit->compiled, all);
+    return run(entry_for(all).compiled, all, [](const compiled_type& c, const auto&... t) { return c(t...); });
+  }
+
+  /// Like a call, and measures each node of the graph it runs (compiled_graph::profile): the
+  /// results and the measured timeline, whose events point into
+  /// `compiled_for(shapes)->exec().graph_ref()`. Refused in cuda_graph mode.
+  profiled<result_type> profile(const detail::function_param_t<Xs>&... args) {
+    const auto all = std::forward_as_tuple(args...);
+    return run(entry_for(all).compiled, all, [](const compiled_type& c, const auto&... t) { return c.profile(t...); });
   }
 
   /// Programs compiled for and kept.
@@ -296,6 +289,28 @@ class compiled_function {
     compiled_type compiled;
   };
   using layout = detail::arg_layout<Xs...>;
+
+  /// The compiled graph for the arguments `all`: traced, scheduled and compiled first if the
+  /// program is new (see function_guard for what makes it new).
+  template <class All>
+  entry& entry_for(const All& all) {
+    std::vector<shape_t> shapes;
+    hosts_type hosts = split(all, shapes);
+    std::optional<graph_type> traced;
+    detail::hasher h;
+    for (const auto& s : shapes) h.add(s);
+    if (opt_.guard == function_guard::trace) {
+      // The graph holds every host value the program depends on: host arguments that leave it
+      // unchanged need no graph of their own.
+      traced.emplace(trace_with(hosts, shapes));
+      h.add(static_cast<std::int64_t>(structural_hash(*traced)));
+    } else {
+      detail::hash_host(h, hosts);
+    }
+    entry* hit = find(h.h, shapes, hosts, traced ? &*traced : nullptr);
+    if (!hit) hit = &add(h.h, std::move(shapes), std::move(hosts), std::move(traced));
+    return *hit;
+  }
 
   /// The host values of `all`, in host order; the tensors' shapes go to `shapes`.
   template <class All>
@@ -348,10 +363,11 @@ class compiled_function {
     return cache_.emplace_back(entry{key, std::move(shapes), std::move(hosts), std::move(traced), std::move(compiled)});
   }
 
-  template <class All>
-  static result_type run(const compiled_type& c, const All& all) {
+  /// `call(c, tensors...)` with the tensor arguments of `all`.
+  template <class All, class Call>
+  static auto run(const compiled_type& c, const All& all, Call call) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::apply([&](const auto&... t) { return c(t...); }, std::tuple_cat([&] {
+      return std::apply([&](const auto&... t) { return call(c, t...); }, std::tuple_cat([&] {
         if constexpr (layout::is_tensor[I]) return std::tie(std::get<I>(all));
         else return std::tuple<>{};
       }()...));

@@ -8,6 +8,7 @@
 
 #include <ccgraph/core/config.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -27,6 +28,7 @@
 #include <ccgraph/ops/shape_ops.hpp>
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/schedule/memory_plan.hpp>
+#include <ccgraph/schedule/timeline.hpp>
 #include <ccgraph/tensor/any_tensor.hpp>
 #include <ccgraph/trace/trace.hpp>
 
@@ -140,6 +142,74 @@ CCGRAPH_DECL std::vector<overlap_hint> collective_overlaps(const graph& g);
 
 }  // namespace detail
 
+/// What a profiled call returns (basic_executor::run_profiled, compiled_graph::profile): the
+/// call's results, and the timeline it measured, one event per node of the graph that ran
+/// (basic_executor::graph_ref), on the same two tracks as the predicted one (cg::predict), in
+/// microseconds from the call's start. cg::predicted_vs_measured_trace writes both into one
+/// Chrome trace.
+template <class R>
+struct profiled {
+  R result;
+  timeline measured;
+};
+
+namespace detail {
+
+/// Measures one call of an executor node by node: host clocks on a CPU rank; on a GPU rank,
+/// CUDA timing events on the calling thread's stream around each node, a collective's own
+/// (work::device_events) for its interval on the stream it ran on, read once they completed.
+class run_profiler {
+ public:
+  CCGRAPH_DECL run_profiler(const graph& g, device dev);
+  CCGRAPH_DECL ~run_profiler();
+  run_profiler(const run_profiler&) = delete;
+  run_profiler& operator=(const run_profiler&) = delete;
+  /// Just before node `i` runs.
+  CCGRAPH_DECL void before(std::size_t i);
+  /// Just after node `i` ran; `launched`: its work when it is a collective.
+  CCGRAPH_DECL void after(std::size_t i, work_ptr launched);
+  /// Waits for every measured interval to be known (on a GPU, for the events to complete) and
+  /// returns the measured timeline. Throws if a collective failed, or its backend did not time it.
+  CCGRAPH_DECL timeline finish();
+
+ private:
+  struct mark {
+    std::chrono::steady_clock::time_point host[2]{};
+    void* event[2] = {nullptr, nullptr};
+    work_ptr launched;
+    bool ran = false;
+  };
+  double host_us(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - t0_).count();
+  }
+  const graph* g_;
+  device dev_;
+  const device_runtime* rt_ = nullptr;  // GPU ranks: events
+  std::chrono::steady_clock::time_point t0_;
+  void* base_ = nullptr;  // GPU ranks: the event the call's times count from
+  std::vector<mark> marks_;
+};
+
+/// Handles of each node's NVTX range name (node_label), registered once in ccgraph's domain,
+/// for an executor on `dev`; empty on a CPU rank, without a device runtime, or when no NVTX tool
+/// listens (then only the first label is formatted).
+CCGRAPH_DECL std::vector<void*> nvtx_names(const graph& g, device dev);
+
+/// An open NVTX range, closed at the end of the scope (null: none).
+struct nvtx_range {
+  const device_runtime* rt = nullptr;
+  nvtx_range(const device_runtime* r, void* name) : rt(r) {
+    if (rt) rt->nvtx_push(name);
+  }
+  nvtx_range(const nvtx_range&) = delete;
+  nvtx_range& operator=(const nvtx_range&) = delete;
+  ~nvtx_range() {
+    if (rt) rt->nvtx_pop();
+  }
+};
+
+}  // namespace detail
+
 /// A graph made runnable on one rank: an interpreter over its nodes in order, releasing each
 /// value after its last reader; with a memory plan, over one arena of planned buffers. Use it as
 /// `executor`: the template parameter only defers compiling its code (which visits every op and
@@ -197,6 +267,8 @@ class basic_executor {
       for (std::size_t a = 0; a < sites.size(); ++a)
         if (sites[a] < nodes.size()) write_into_[sites[a]] = static_cast<int>(updates_[a].input);
     }
+    nvtx_ = detail::nvtx_names(g_, ctx.device());
+    if (!nvtx_.empty()) nvtx_rt_ = detail::device_runtime_slot();
   }
 
   /// True when result `k`, which compile_options::update_inputs writes into an input, is
@@ -269,6 +341,30 @@ class basic_executor {
       return results;
     }
     return replay(inputs);
+  }
+
+  /// Runs the graph like run() and measures what each node took: the results and the measured
+  /// timeline (see profiled). On a CPU rank a node's interval is read from the host clock
+  /// around it; a collective's, from when the rank's communication worker took it up to when
+  /// it completed (all members done). On a GPU rank, from CUDA timing events recorded around
+  /// each node on the rank's stream and around each collective on the stream it ran on; the
+  /// call then waits for them (it synchronises). A wait_tensor's interval is its stall (how
+  /// long compute stood waiting for the collective), shown before the wait as in the predicted
+  /// timeline. The communication track shows one collective at a time: one that started
+  /// before the previous one completed is shown from that completion. Refused in cuda_graph
+  /// mode: a replay runs every node in one launch, which cannot be timed node by node; compile
+  /// the graph once more without cuda_graph to profile it.
+  profiled<std::vector<any_tensor>> run_profiled(const std::vector<any_tensor>& inputs) const {
+    CCGRAPH_CHECK(!cuda_graph_, "compiled graph: profile: this graph replays a CUDA Graph (compile_options::cuda_graph), "
+                                "whose nodes run in one launch and cannot be timed one by one; compile it again "
+                                "without cuda_graph to measure each node");
+    CCGRAPH_CHECK(inputs.size() == inputs_.size(), "compiled graph: profile: called with ", inputs.size(),
+                  " inputs, expected ", inputs_.size());
+    check_update_targets(inputs);
+    detail::run_profiler prof(g_, ctx_->device());
+    auto results = write_back(inputs, interpret_impl(inputs, nullptr, &prof));
+    timeline measured = prof.finish();
+    return {std::move(results), std::move(measured)};
   }
 
   /// The inputs each call updates in place (compile_options::update_inputs).
@@ -480,6 +576,14 @@ class basic_executor {
   /// here already; run() then copies only the others.
   std::vector<any_tensor> interpret(const std::vector<any_tensor>& inputs,
                                     std::shared_ptr<detail::storage> fixed_arena = nullptr) const {
+    return interpret_impl(inputs, std::move(fixed_arena), nullptr);
+  }
+
+ private:
+  /// interpret(), measuring each node with `prof` when it is not null.
+  std::vector<any_tensor> interpret_impl(const std::vector<any_tensor>& inputs,
+                                         std::shared_ptr<detail::storage> fixed_arena,
+                                         detail::run_profiler* prof) const {
     const auto& nodes = g_.nodes();
     std::shared_ptr<detail::storage> arena = plan_ ? (fixed_arena ? fixed_arena : acquire_arena()) : nullptr;
     // On a GPU a call's outputs live outside its arena (unless it is a recording's own): no
@@ -495,6 +599,7 @@ class basic_executor {
       in.reserve(n->args().size());
       for (auto& a : n->args()) in.push_back(env[g_.position(a.src)][static_cast<std::size_t>(a.index)]);
       if (std::holds_alternative<ops::output>(n->kind())) {
+        if (prof) prof->before(i), prof->after(i, nullptr);
         results = std::move(in);
         break;
       }
@@ -517,7 +622,17 @@ class basic_executor {
         outs.clear();
         if (direct) outs.push_back(t);
       }
-      env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
+      {
+        detail::nvtx_range range(nvtx_rt_, nvtx_rt_ ? nvtx_[i] : nullptr);
+        if (prof) {
+          detail::work_ptr launched;
+          prof->before(i);
+          env[i] = run_node(*n, in, inputs, outs, overlaps_[i], true, &launched);
+          prof->after(i, std::move(launched));
+        } else {
+          env[i] = run_node(*n, in, inputs, outs, overlaps_[i]);
+        }
+      }
       if (plan_ && n->is_collective() && !env[i].empty())  // a batch of sends only was waited
         ::ccgraph::detail::visit([&](const auto& t) { works.push_back(t.pending_work()); }, env[i].front());
       for (auto& a : n->args()) {
@@ -529,7 +644,6 @@ class basic_executor {
     return results;
   }
 
- private:
   using work_ptr_list = std::vector<detail::work_ptr>;
 
   /// True when the rank's work runs in stream order (a GPU): what a call does is ordered after
@@ -575,10 +689,12 @@ class basic_executor {
   }
 
   /// Runs node `n` on `in`; `outs` (one per output, or empty) are its planned buffers, which
-  /// its results are written into.
+  /// its results are written into. A collective is `timed` (collective_request::timed) and
+  /// its work handed out through `launched` when not null.
   std::vector<any_tensor> run_node(const node& n, const std::vector<any_tensor>& in,
                                    const std::vector<any_tensor>& inputs,
-                                   const std::vector<any_tensor>& outs, detail::overlap_hint overlap) const {
+                                   const std::vector<any_tensor>& outs, detail::overlap_hint overlap,
+                                   bool timed = false, detail::work_ptr* launched = nullptr) const {
     return visit_op(n.kind(), [&](const auto& o) -> std::vector<any_tensor> {
       using O = std::decay_t<decltype(o)>;
       using traits = op_traits<O>;
@@ -602,7 +718,8 @@ class basic_executor {
           const std::source_location site = n.source();
           ::ccgraph::detail::call_site_scope scope(site, true);
           auto res = detail::launch_collective<T>(*ctx_, O::name.data(), o, *n.group(), xs,
-                                                  outs.empty() ? nullptr : &into, overlap, &w);
+                                                  outs.empty() ? nullptr : &into, overlap, &w, timed);
+          if (launched) *launched = w;
           // No output carries its completion (a batch of sends only): waited here, as
           // batch_isend_irecv does eagerly.
           if (res.empty()) w->wait();
@@ -631,6 +748,10 @@ class basic_executor {
   std::vector<int> write_into_;  // per position: the input its output 0 is written into, or -1
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
+  // NVTX range names per position (detail::nvtx_names), and the runtime that pushes them: null
+  // when no tool listens, so an unprofiled run pays one test per node.
+  std::vector<void*> nvtx_;
+  const detail::device_runtime* nvtx_rt_ = nullptr;
 };
 
 /// See basic_executor.
@@ -673,6 +794,13 @@ class compiled_graph {
     const auto outs = exec_.run(std::vector<any_tensor>{any_tensor(inputs)...});
     std::size_t k = 0;
     return detail::unflatten<R>::from(outs, k);
+  }
+  /// Runs the graph and measures each node (executor::run_profiled): what the call returns,
+  /// and the measured timeline.
+  profiled<R> profile(const tensor<Ts>&... inputs) const {
+    auto p = exec_.run_profiled(std::vector<any_tensor>{any_tensor(inputs)...});
+    std::size_t k = 0;
+    return {detail::unflatten<R>::from(p.result, k), std::move(p.measured)};
   }
   /// The underlying interpreter.
   const executor& exec() const { return exec_; }

@@ -65,6 +65,11 @@ CCGRAPH_DECL std::string to_chrome_trace(const timeline& tl, const std::string& 
 /// `process_names` has one name per timeline.
 CCGRAPH_DECL std::string to_chrome_trace(const std::vector<timeline>& tls, const std::vector<std::string>& process_names);
 
+/// The predicted timeline of a graph (cg::predict) and the one measured running it
+/// (executor::run_profiled, compiled_graph::profile) in one Chrome trace, as processes
+/// "predicted" and "measured": to_chrome_trace({predicted, measured}, {"predicted", "measured"}).
+CCGRAPH_DECL std::string predicted_vs_measured_trace(const timeline& predicted, const timeline& measured);
+
 /// A text overlap report: one line per node with its stream and predicted interval, compute
 /// that runs while a collective is in flight marked with '|', and the totals.
 CCGRAPH_DECL std::string overlap_report(const timeline& tl);

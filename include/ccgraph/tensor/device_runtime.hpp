@@ -81,6 +81,21 @@ struct device_runtime {
   /// Where `p` points: the CUDA device that owns it (device or managed memory), or cpu for host
   /// memory (pageable or pinned). For from_blob and from_dlpack checks.
   device (*pointer_device)(const void* p);
+  /// Profiling (a profiled executor call): a new timing event recorded now on the calling
+  /// thread's stream for `dev`; an owned handle for elapsed_us and destroy_event.
+  void* (*record_event)(device dev);
+  /// Microseconds from event `from` to event `to` (both from record_event or a backend's
+  /// work::device_events, on `dev`), after waiting for `to` to complete.
+  double (*elapsed_us)(device dev, void* from, void* to);
+  /// Frees an event from record_event.
+  void (*destroy_event)(void* event);
+  /// NVTX: `label` registered once in ccgraph's NVTX domain, for nvtx_push; null when no tool
+  /// (Nsight Systems) listens, and then ranges need not be pushed at all.
+  void* (*nvtx_register)(const char* label);
+  /// Opens a range in ccgraph's NVTX domain named by a handle from nvtx_register.
+  void (*nvtx_push)(void* name);
+  /// Closes the innermost range nvtx_push opened on this thread.
+  void (*nvtx_pop)();
 };
 
 /// The installed device runtime, or null (host-only program).

@@ -96,4 +96,112 @@ CCGRAPH_DECL std::vector<overlap_hint> collective_overlaps(const graph& g) {
 
 }  // namespace detail
 
+namespace detail {
+
+CCGRAPH_DECL run_profiler::run_profiler(const graph& g, device dev)
+    : g_(&g), dev_(dev), marks_(g.nodes().size()) {
+  if (dev.is_cuda()) {
+    rt_ = &require_device_runtime("compiled graph: profile", dev);
+    base_ = rt_->record_event(dev);
+  }
+  t0_ = std::chrono::steady_clock::now();
+}
+
+CCGRAPH_DECL run_profiler::~run_profiler() {
+  if (!rt_) return;
+  for (mark& m : marks_)
+    for (void* e : m.event)
+      if (e) rt_->destroy_event(e);
+  if (base_) rt_->destroy_event(base_);
+}
+
+CCGRAPH_DECL void run_profiler::before(std::size_t i) {
+  mark& m = marks_.at(i);
+  if (rt_) m.event[0] = rt_->record_event(dev_);
+  else m.host[0] = std::chrono::steady_clock::now();
+}
+
+CCGRAPH_DECL void run_profiler::after(std::size_t i, work_ptr launched) {
+  mark& m = marks_.at(i);
+  if (rt_) m.event[1] = rt_->record_event(dev_);
+  else m.host[1] = std::chrono::steady_clock::now();
+  m.launched = std::move(launched);
+  m.ran = true;
+}
+
+CCGRAPH_DECL timeline run_profiler::finish() {
+  timeline tl;
+  const auto& nodes = g_->nodes();
+  double comm_free = 0, compute_end = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const node* n = nodes[i];
+    const mark& m = marks_[i];
+    if (!m.ran) continue;  // nothing after the output node runs
+    timeline_event ev{n, n->is_collective(), 0, 0, 0};
+    double start = 0, end = 0;
+    if (rt_) {
+      start = rt_->elapsed_us(dev_, base_, m.event[0]);
+      end = rt_->elapsed_us(dev_, base_, m.event[1]);
+    } else {
+      start = host_us(m.host[0]);
+      end = host_us(m.host[1]);
+    }
+    if (n->is_collective()) {
+      // Its own interval, not the launch's: a batch of sends only (no output) is waited in
+      // the node, every other collective runs past it.
+      CCGRAPH_CHECK(m.launched != nullptr, "compiled graph: profile: collective %", n->name(), " (", n->op(),
+                    ") launched no work to time");
+      if (rt_) {
+        const auto [from, to] = m.launched->device_events();
+        CCGRAPH_CHECK(from && to, "compiled graph: profile: the backend of ", dev_, " did not time collective %",
+                      n->name(), " (", n->op(), ")");
+        start = rt_->elapsed_us(dev_, base_, from);
+        end = rt_->elapsed_us(dev_, base_, to);
+      } else {
+        m.launched->wait();  // its error, if it failed, is the profile's too
+        std::chrono::steady_clock::time_point s, e;
+        CCGRAPH_CHECK(m.launched->host_interval(s, e), "compiled graph: profile: the backend of ", dev_,
+                      " did not time collective %", n->name(), " (", n->op(), ")");
+        start = host_us(s);
+        end = host_us(e);
+      }
+      // One collective at a time on the track (see basic_executor::run_profiled).
+      ev.start_us = std::min(std::max(start, comm_free), end);
+      ev.end_us = end;
+      comm_free = std::max(comm_free, end);
+      tl.comm_us += ev.end_us - ev.start_us;
+    } else if (n->is_wait()) {
+      // All of a wait's time is compute standing still; shown before it, as simulate does.
+      ev.stall_us = std::max(0.0, end - start);
+      ev.start_us = ev.end_us = std::max(start, end);
+      tl.exposed_comm_us += ev.stall_us;
+      compute_end = std::max(compute_end, ev.end_us);
+    } else {
+      ev.start_us = start;
+      ev.end_us = std::max(start, end);
+      tl.compute_us += ev.end_us - ev.start_us;
+      compute_end = std::max(compute_end, ev.end_us);
+    }
+    tl.total_us = std::max(tl.total_us, ev.end_us);
+    tl.events.push_back(ev);
+  }
+  // A collective still running when the compute finished (returned pending) is exposed too.
+  tl.exposed_comm_us += std::max(0.0, comm_free - compute_end);
+  return tl;
+}
+
+CCGRAPH_DECL std::vector<void*> nvtx_names(const graph& g, device dev) {
+  std::vector<void*> out;
+  const device_runtime* rt = dev.is_cuda() ? device_runtime_slot() : nullptr;
+  if (!rt || !rt->nvtx_register || g.nodes().empty()) return out;
+  for (const node* n : g.nodes()) {
+    void* h = rt->nvtx_register(node_label(*n).c_str());
+    if (!h) return {};  // no tool listens: no ranges at all
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace detail
+
 }  // namespace ccgraph

@@ -297,6 +297,7 @@ namespace detail {
 
 CCGRAPH_DECL work_ptr threads_comm::launch(std::shared_ptr<collective_request> req) {
   req->rank = rank_;
+  const bool timed = req->timed;
   queued q;
   if (std::holds_alternative<ops::batch_isend_irecv>(req->op)) {
     // Issued now, on the rank's thread, as any collective: a mismatch throws here.
@@ -306,6 +307,8 @@ CCGRAPH_DECL work_ptr threads_comm::launch(std::shared_ptr<collective_request> r
     q.parts.push_back(world_.issue(std::move(req)));
     q.done = q.parts.front().done;
   }
+  // Before the worker sees it: only this rank's worker runs (and so completes) it.
+  if (timed) q.done->enable_timing();
   work_ptr w = q.done;
   {
     std::lock_guard lk(mu_);
@@ -346,6 +349,7 @@ CCGRAPH_DECL void threads_comm::loop() {
       q = std::move(queue_.front());
       queue_.pop_front();
     }
+    q.done->mark_started();  // a profiled call's collective: when the worker took it up
     for (auto& t : q.parts) world_.run(t);
     if (q.parts.size() == 1 && q.done == q.parts.front().done) continue;
     // Both members of every transfer have arrived, so waiting here only waits for the peer

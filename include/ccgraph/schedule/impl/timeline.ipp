@@ -123,6 +123,10 @@ CCGRAPH_DECL std::string to_chrome_trace(const std::vector<timeline>& tls, const
   return os.str();
 }
 
+CCGRAPH_DECL std::string predicted_vs_measured_trace(const timeline& predicted, const timeline& measured) {
+  return to_chrome_trace(std::vector<timeline>{predicted, measured}, std::vector<std::string>{"predicted", "measured"});
+}
+
 CCGRAPH_DECL std::string overlap_report(const timeline& tl) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(2);
