@@ -2,8 +2,8 @@
 # Everything ccgraph can check on a GPU machine, in one go, for lent machines whose time is
 # short: the GPU test cases one by one (each under its own time limit, so a case that hangs
 # costs its limit and the others still run), the launcher test on 1, 2 and every GPU's worth
-# of processes, the NVTX ranges test, the GPU examples, and bench_gpu. Logs go to OUTDIR; OUTDIR/summary.txt has one
-# line per step.
+# of processes, the NVTX cases under the NVTX recorder, the GPU examples, and bench_gpu. Logs
+# go to OUTDIR; OUTDIR/summary.txt has one line per step.
 #
 # The cases that one GPU runs (the kernels, one-rank collectives) run first, GPU_CHECK_JOBS at
 # a time, each process seeing one GPU (CUDA_VISIBLE_DEVICES, in turns): what they check does not
@@ -12,7 +12,9 @@
 #
 # Usage: bash scripts/gpu_check.sh BUILD_DIR OUTDIR
 #   BUILD_DIR  a CUDA build of ccgraph (its binaries may have been built on another machine and
-#              copied: nothing is built here)
+#              copied: nothing is built here). The NVTX cases (nvtx.*) run in a step of their
+#              own, with NVTX_INJECTION64_PATH set to BUILD_DIR/tests/libccgraph_nvtx_recorder.so
+#              (as CTest's gpu.nvtx_ranges does), not among the other cases (they skip there).
 # Environment:
 #   GPU_CHECK_CASE_TIMEOUT   seconds per test case (default 60)
 #   GPU_CHECK_CASES          a doctest filter for the cases (default: all that a GPU count runs)
@@ -72,11 +74,13 @@ cat "$OUT/env.txt"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 
 tests="$BUILD/tests/ccgraph_gpu_tests"
+# The NVTX cases need the recorder as NVTX's tool: they run in their own step, below.
+nvtx_cases="nvtx.*"
 # list_cases [VISIBLE]: the cases doctest keeps (its skip decorators read the GPU count), one a
 # line; with VISIBLE, as a process that sees only those GPUs.
 list_cases() {
   env ${1:+CUDA_VISIBLE_DEVICES=$1} "$tests" --list-test-cases --no-version ${GPU_CHECK_CASES:+"-tc=$GPU_CHECK_CASES"} \
-    2>/dev/null | grep -v -e '^\[doctest\]' -e '^====' | grep -v '^$'
+    "-tce=$nvtx_cases" 2>/dev/null | grep -v -e '^\[doctest\]' -e '^====' | grep -v '^$'
 }
 if [ -x "$tests" ]; then
   mkdir -p "$OUT/cases"
@@ -155,9 +159,17 @@ if [ -x "$launch" ] && [ "$gpus" -ge 1 ]; then
   done
 fi
 
-nvtx="$BUILD/tests/ccgraph_gpu_nvtx"
-if [ -x "$nvtx" ] && [ "$gpus" -ge 1 ]; then
-  run_step "ccgraph_gpu_nvtx (NVTX ranges per node, as a tool sees them)" 120 "$OUT/gpu_nvtx.log" "$nvtx"
+# NVTX ranges as a tool sees them: the nvtx.* cases with NVTX's tool set to the recorder (an
+# absolute path: the cases find the library NVTX loaded by the same name).
+recorder="$BUILD/tests/libccgraph_nvtx_recorder.so"
+if [ -x "$tests" ] && [ "$gpus" -ge 1 ]; then
+  if [ -f "$recorder" ]; then
+    recorder="$(cd "$(dirname "$recorder")" && pwd)/$(basename "$recorder")"
+    run_step "NVTX cases ($nvtx_cases) under the NVTX recorder" 120 "$OUT/cases/nvtx.log" \
+      env NVTX_INJECTION64_PATH="$recorder" "$tests" "-tc=$nvtx_cases" --duration=true
+  else
+    step "NVTX cases ($nvtx_cases) under the NVTX recorder" failed 0 "$recorder not found"
+  fi
 fi
 
 for example in "$BUILD"/examples/example_*gpu*; do
