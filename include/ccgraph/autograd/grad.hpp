@@ -293,10 +293,12 @@ class grad_ctx {
   value_ref saved(value_ref v) const { return rc_ ? rc_->read(v, region_) : v; }
 };
 
-/// Runs node `n`'s gradient rule (op_traits<O>::gradient::backward): an op whose rule is still
-/// gradient_todo, or that is not_differentiable, is an error naming it.
+/// Runs node `n`'s gradient rule (op_traits<O>::gradient::backward) in this translation unit:
+/// an op whose rule is still gradient_todo, or that is not_differentiable, is an error naming it.
+/// Instantiating it compiles every op's rule for T, and under nvcc their pointwise kernels: the
+/// minutes of nvcc that run_gradient_rule spares the units of a CUDA program (below).
 template <class T>
-void run_gradient_rule(grad_ctx<T>& c) {
+void run_gradient_rule_here(grad_ctx<T>& c) {
   const node& n = c.current();
   visit_op(n.kind(), [&](const auto& o) {
     using O = std::decay_t<decltype(o)>;
@@ -314,6 +316,31 @@ void run_gradient_rule(grad_ctx<T>& c) {
       G::backward(o, c);
     }
   });
+}
+
+/// The gradient rules of every op for T, compiled once by the unit that compiles a CUDA
+/// program's op kernels (src/cuda_op_kernels.cu, with CCGRAPH_CUDA_GRADIENT_KERNELS; see
+/// cuda/install_ops.hpp) and installed there at start-up; null until then.
+template <class T>
+inline void (*gradient_rule_slot)(grad_ctx<T>&) = nullptr;
+
+/// Runs node `n`'s gradient rule: the installed one (gradient_rule_slot) when a unit installed
+/// it, which is the same code compiled by nvcc; else, in a unit that does not leave the kernels
+/// to another (no CCGRAPH_CUDA_NO_OP_KERNELS: a host program, or a one-unit CUDA program), the
+/// rules compiled here. A unit with CCGRAPH_CUDA_NO_OP_KERNELS never compiles them, and refuses
+/// when nothing installed them rather than record kernels that could not run on a GPU.
+template <class T>
+void run_gradient_rule(grad_ctx<T>& c) {
+  if (const auto installed = gradient_rule_slot<T>) return installed(c);
+#if defined(CCGRAPH_CUDA_NO_OP_KERNELS)
+  CCGRAPH_THROW(error, "grad: node %", c.current().name(), " (", c.current().op(),
+                "): this translation unit was compiled with CCGRAPH_CUDA_NO_OP_KERNELS, so the gradient "
+                "rules come from the unit that compiles the op kernels, but none installed them: link "
+                "ccgraph_cuda_op_kernels (src/cuda_op_kernels.cu), or compile one unit of the program "
+                "without CCGRAPH_CUDA_NO_OP_KERNELS and with CCGRAPH_CUDA_GRADIENT_KERNELS");
+#else
+  run_gradient_rule_here(c);
+#endif
 }
 
 /// The sum of two gradients of one value. (A template, so that it is compiled only where a

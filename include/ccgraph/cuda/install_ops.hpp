@@ -11,6 +11,7 @@
 
 #include <variant>
 
+#include <ccgraph/autograd/grad.hpp>
 #include <ccgraph/ir/node_op.hpp>
 
 namespace ccgraph::cuda::detail {
@@ -59,6 +60,18 @@ static_assert(check_device_runs(static_cast<const node_op*>(nullptr)));
 /// under nvcc without CCGRAPH_CUDA_NO_OP_KERNELS (each writes the same pointers), so a device
 /// tensor reaching an op's run finds it.
 inline const bool device_runs_installed = install_device_runs(static_cast<const node_op*>(nullptr));
+#if defined(CCGRAPH_CUDA_GRADIENT_KERNELS)
+/// The gradient rules of every op, for each type gradients are taken in (autograd/grad.hpp's
+/// visit_grad_dtype), compiled here once (with their pointwise kernels) and installed for the
+/// units that skip them (CCGRAPH_CUDA_NO_OP_KERNELS). Opt-in: a one-unit program that never
+/// differentiates would otherwise pay minutes of nvcc for them.
+inline const bool gradient_rules_installed = [] {
+  ::ccgraph::detail::gradient_rule_slot<float> = &::ccgraph::detail::run_gradient_rule_here<float>;
+  ::ccgraph::detail::gradient_rule_slot<double> = &::ccgraph::detail::run_gradient_rule_here<double>;
+  ::ccgraph::detail::gradient_rule_slot<bf16> = &::ccgraph::detail::run_gradient_rule_here<bf16>;
+  return true;
+}();
+#endif
 #endif
 #endif
 
