@@ -51,3 +51,6 @@
 #include <ccgraph/tensor/impl/any_tensor.ipp>
 #include <ccgraph/trace/impl/ops.ipp>
 #include <ccgraph/trace/impl/trace_state.ipp>
+
+// The executor (runtime/executor.hpp declares it extern in the units of the program).
+template class ccgraph::basic_executor<void>;

@@ -757,6 +757,15 @@ class basic_executor {
 /// See basic_executor.
 using executor = basic_executor<>;
 
+// Under separate compilation the executor is compiled once, with the rest of ccgraph's compiled
+// part (<ccgraph/impl/src.hpp>): it visits every op and instantiates their CPU kernels, which
+// is half the compile time of a small program. Not in units nvcc compiles: theirs must hold the
+// device kernels its copies launch, which only an nvcc unit has (so a CUDA program compiles its
+// src.hpp unit with nvcc too, as README.md says).
+#if !CCGRAPH_HEADER_ONLY && !defined(__CUDACC__)
+extern template class basic_executor<void>;
+#endif
+
 namespace detail {
 template <class R>
 struct unflatten;
