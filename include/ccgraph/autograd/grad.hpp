@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <ccgraph/autograd/pointwise_grad.hpp>
+#include <ccgraph/core/config.hpp>
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ops/comm_counter.hpp>
@@ -317,6 +318,14 @@ void run_gradient_rule_here(grad_ctx<T>& c) {
     }
   });
 }
+
+// Under separate compilation the rules are compiled once, in <ccgraph/impl/src.hpp> (as the
+// executor is); not in units nvcc compiles, whose rules must hold device kernels.
+#if !CCGRAPH_HEADER_ONLY && !defined(__CUDACC__)
+extern template void run_gradient_rule_here<float>(grad_ctx<float>&);
+extern template void run_gradient_rule_here<double>(grad_ctx<double>&);
+extern template void run_gradient_rule_here<bf16>(grad_ctx<bf16>&);
+#endif
 
 /// The gradient rules of every op for T, compiled once by the unit that compiles a CUDA
 /// program's op kernels (src/cuda_op_kernels.cu, with CCGRAPH_CUDA_GRADIENT_KERNELS; see
