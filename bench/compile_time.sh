@@ -53,7 +53,8 @@ printf '#include <ccgraph/impl/src.hpp>\n' >"$tmp/src.cpp"
 sep=("${flags[@]}" -DCCGRAPH_SEPARATE_COMPILATION)
 measure "separate: umbrella, -fsyntax-only" 9 "$CXX" "${sep[@]}" -fsyntax-only "$tmp/umbrella.cpp"
 measure "separate: README program's unit, -c -O0" 20 "$CXX" "${sep[@]}" -c -O0 "$tmp/readme.cpp" -o "$tmp/rs.o"
-measure "separate: impl/src.hpp (once), -c -O2" 90 "$CXX" "${sep[@]}" -c -O2 "$tmp/src.cpp" -o "$tmp/src.o"
+# 150: it also compiles the executor, which every unit that runs a graph compiled before (ca. 100 s).
+measure "separate: impl/src.hpp (once), -c -O2" 150 "$CXX" "${sep[@]}" -c -O2 "$tmp/src.cpp" -o "$tmp/src.o"
 measure "separate: README program linked, -O0" 5 "$CXX" "$tmp/rs.o" "$tmp/src.o" -pthread -o "$tmp/readme_sep"
 "$tmp/readme_sep" >/dev/null || { echo "compile_time.sh: the separately compiled README program failed" >&2; exit 2; }
 exit "$failed"

@@ -20,7 +20,8 @@
 /// CCGRAPH_SEPARATE_COMPILATION in every translation unit of a program, and include
 /// <ccgraph/impl/src.hpp> in exactly one of them: the non-template functions of the IR, the
 /// printer, the analyses, the scheduler and the executor are then compiled once there, and every
-/// other unit only declares them.
+/// other unit only declares them. CCGRAPH_SEPARATE_GRADIENTS (also in every unit) adds every
+/// op's gradient rules to that unit (autograd/grad.hpp).
 #if defined(CCGRAPH_SEPARATE_COMPILATION)
 #define CCGRAPH_HEADER_ONLY 0
 #else

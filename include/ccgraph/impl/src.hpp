@@ -52,9 +52,11 @@
 #include <ccgraph/trace/impl/ops.ipp>
 #include <ccgraph/trace/impl/trace_state.ipp>
 
-// The executor and every op's gradient rules (runtime/executor.hpp and autograd/grad.hpp declare
-// them extern in the units of the program).
+// The executor (runtime/executor.hpp declares it extern in the units of the program), and with
+// CCGRAPH_SEPARATE_GRADIENTS every op's gradient rules (autograd/grad.hpp).
 template class ccgraph::basic_executor<void>;
+#if defined(CCGRAPH_SEPARATE_GRADIENTS)
 template void ccgraph::detail::run_gradient_rule_here<float>(ccgraph::detail::grad_ctx<float>&);
 template void ccgraph::detail::run_gradient_rule_here<double>(ccgraph::detail::grad_ctx<double>&);
 template void ccgraph::detail::run_gradient_rule_here<ccgraph::bf16>(ccgraph::detail::grad_ctx<ccgraph::bf16>&);
+#endif
