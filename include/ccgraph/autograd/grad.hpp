@@ -319,12 +319,12 @@ void run_gradient_rule_here(grad_ctx<T>& c) {
   });
 }
 
-// Under separate compilation with CCGRAPH_SEPARATE_GRADIENTS (defined in every unit, as
-// CCGRAPH_SEPARATE_COMPILATION is) the rules are compiled once, in <ccgraph/impl/src.hpp>:
-// minutes of -O2 there instead of in every unit that differentiates. Opt-in, since a program
-// that never differentiates would pay them in src.hpp for nothing. Not in units nvcc compiles,
-// whose rules must hold device kernels.
-#if !CCGRAPH_HEADER_ONLY && defined(CCGRAPH_SEPARATE_GRADIENTS) && !defined(__CUDACC__)
+// With CCGRAPH_SEPARATE_GRADIENTS (defined in every unit of the program) the rules are compiled
+// once, by the one unit that includes <ccgraph/impl/gradient_rules.hpp> (<ccgraph/impl/src.hpp>
+// does under separate compilation): minutes of -O2 there instead of in every unit that
+// differentiates. Opt-in, since a program that never differentiates would pay them for nothing.
+// Not in units nvcc compiles, whose rules must hold device kernels.
+#if defined(CCGRAPH_SEPARATE_GRADIENTS) && !defined(__CUDACC__)
 extern template void run_gradient_rule_here<float>(grad_ctx<float>&);
 extern template void run_gradient_rule_here<double>(grad_ctx<double>&);
 extern template void run_gradient_rule_here<bf16>(grad_ctx<bf16>&);

@@ -56,7 +56,5 @@
 // CCGRAPH_SEPARATE_GRADIENTS every op's gradient rules (autograd/grad.hpp).
 template class ccgraph::basic_executor<void>;
 #if defined(CCGRAPH_SEPARATE_GRADIENTS)
-template void ccgraph::detail::run_gradient_rule_here<float>(ccgraph::detail::grad_ctx<float>&);
-template void ccgraph::detail::run_gradient_rule_here<double>(ccgraph::detail::grad_ctx<double>&);
-template void ccgraph::detail::run_gradient_rule_here<ccgraph::bf16>(ccgraph::detail::grad_ctx<ccgraph::bf16>&);
+#include <ccgraph/impl/gradient_rules.hpp>
 #endif
