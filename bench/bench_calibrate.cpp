@@ -17,6 +17,7 @@
 
 #include "bench_args.hpp"
 #include "measured_on.hpp"
+#include "progress.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -94,11 +95,14 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "|%s|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-').c_str(), std::string(7, '-').c_str(),
                std::string(12, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
                std::string(9, '-').c_str(), std::string(11, '-').c_str());
+  bench::progress prog(2 * colls.size() * sizes.size());  // on a terminal only
   for (int world : {2, 4}) {
     for (const auto& c : colls) {
       const std::string name(cg::ops::name_of(c.op));
       for (const auto bytes : sizes) {
+        prog.step(name + ", " + std::to_string(world) + " ranks, " + std::to_string(bytes) + " bytes");
         const double us = measure(c.launch, world, bytes);
+        prog.clear();
         table.add(name, world, bytes, us);
         const cg::tensor_meta in{cg::dtype::f32, {bytes / 4}};
         cg::ops::collective_op op = c.op;

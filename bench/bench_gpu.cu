@@ -19,6 +19,7 @@
 #include <ccgraph/schedule/schedule.hpp>
 
 #include "bench_args.hpp"
+#include "progress.hpp"
 #include "measured_on.hpp"
 
 #include "../examples/programs.hpp"
@@ -584,16 +585,28 @@ int main(int argc, char** argv) {
   CCGRAPH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::cout << "# bench_gpu on " << n << " x " << prop.name << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR
             << "." << NCCL_PATCH << ", CUDA runtime " << CUDART_VERSION << "\n";
+  // A progress line on stderr while the phases run, when it is a terminal and the tables go to
+  // a file (bench/progress.hpp).
+  bench::progress prog(programs ? 2 : (n > 1 ? 7 : 6), stderr, true);
   try {
-    if (!programs) raw_nccl(n);
+    if (!programs) {
+      prog.step("raw NCCL collectives");
+      raw_nccl(n);
+    }
+    prog.step("ccgraph: collectives and programs");
     ccgraph_bench(n, quick, {}, "", programs);
-    if (!programs && n > 1) model_report(n, prop.name, calibration_out);
+    if (!programs && n > 1) {
+      prog.step("cost model against the measured collectives");
+      model_report(n, prop.name, calibration_out);
+    }
     if (!calibration_out.empty() && n < 2) std::cout << "# one GPU: no collectives, no calibration table written\n";
     // _nccl: every collective on NCCL's kernels (no copy-engine all_reduce).
     cg::cuda::nccl_options nc;
     nc.copy_engine = cg::cuda::copy_engine_all_reduce::off;
+    prog.step("ccgraph, every collective on NCCL (_nccl)");
     ccgraph_bench(n, quick, nc, "_nccl", true);
     if (!programs) {
+      prog.step("small all_reduces by stream placement");
       small_allreduce_placements(n);
       // Overlap variants. _sm8: every collective capped at 8 CTAs and GEMMs leaving 8 SMs
       // free while one runs; _ov8: only the collectives a schedule overlaps with a matmul
@@ -602,15 +615,19 @@ int main(int argc, char** argv) {
       cg::cuda::nccl_options o = nc;
       o.max_ctas = 8;
       o.gemm_sm_carveout = 8;
+      prog.step("ccgraph, collectives capped at 8 CTAs (_sm8)");
       ccgraph_bench(n, quick, o, "_sm8", true);
       cg::cuda::nccl_options ov = nc;
       ov.overlap_sms = 8;
+      prog.step("ccgraph, overlapped collectives capped at 8 CTAs (_ov8)");
       ccgraph_bench(n, quick, ov, "_ov8", true);
     }
   } catch (const std::exception& e) {
+    prog.clear();
     std::cerr << "bench_gpu: " << e.what() << '\n';
     return 1;
   }
+  prog.clear();
   std::cout << "\n| workload | impl | value | unit |\n|---|---|---|---|\n";
   for (auto& r : results) std::printf("| %s | %s | %.3f | %s |\n", r.workload.c_str(), r.impl.c_str(), r.value, r.unit.c_str());
   return 0;
