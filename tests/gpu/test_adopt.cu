@@ -169,13 +169,15 @@ void adopted_suite(ncclComm_t comm, int r, int n, cg::cuda::collective_stream pl
       CHECK(cg::all_reduce(x4, "sum", cg::group{mesh, 1}).to_vector() == std::vector<float>(4, 3.f));
       CHECK(cg::all_reduce(x4, "sum", cg::group{mesh, 0}).to_vector() == std::vector<float>(4, static_cast<float>(r + 1)));
       // A group that is not a mesh dimension: an id exchanged through the store, else an error
-      // naming the group (on both ranks, before NCCL sees anything).
-      const cg::group pair{std::vector<int>{1, 0}};
+      // naming the group (on both ranks, before NCCL sees anything). A tagged group over the
+      // world's ranks has a communicator of its own, as a c10d group does (groups are sorted
+      // rank lists: {1, 0} would be the world itself).
+      const cg::group pair{std::vector<int>{0, 1}, "adopt_pair"};
       if (st) {
-        CHECK(cg::all_gather_tensor(x4, 0, pair).to_vector() == std::vector<float>{2, 2, 2, 2, 1, 1, 1, 1});
+        CHECK(cg::all_gather_tensor(x4, 0, pair).to_vector() == std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2});
       } else {
         CHECK_THROWS_WITH_AS((void)cg::all_gather_tensor(x4, 0, pair).to_vector(),
-                             doctest::Contains("adopt: group [1, 0] needs an NCCL communicator of its own"),
+                             doctest::Contains("adopt: group [0, 1] tagged 'adopt_pair' needs an NCCL communicator of its own"),
                              cg::error);
         CHECK_THROWS_WITH_AS((void)cg::all_gather_tensor(x4, 0, pair), doctest::Contains("adopt_options::store"),
                              cg::error);
