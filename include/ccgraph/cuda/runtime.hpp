@@ -61,22 +61,29 @@ inline wait_watchdog*& current_watchdog() {
   return w;
 }
 
-/// Blocks until everything queued on `s` has run. Polls (rather than cudaStreamSynchronize,
-/// which cannot be interrupted) so the rank's watchdog can abort a collective that never ends.
-inline void wait_stream(cudaStream_t s, const char* what) {
+/// Blocks until `query()` stops returning cudaErrorNotReady. Polls (rather than a CUDA
+/// synchronize, which cannot be interrupted) so the rank's watchdog can abort a collective that
+/// never ends; with no watchdog installed, `block()` waits instead.
+template <class Query, class Block>
+void wait_polled(Query&& query, Block&& block, const char* what) {
   wait_watchdog* w = current_watchdog();
   if (!w) {
-    CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
+    CCGRAPH_CHECK_CUDA(block());
     return;
   }
   const auto start = std::chrono::steady_clock::now();
   for (int spins = 0;; ++spins) {
-    const cudaError_t st = cudaStreamQuery(s);
+    const cudaError_t st = query();
     if (st == cudaSuccess) return;
     if (st != cudaErrorNotReady) CCGRAPH_CHECK_CUDA(st);
     w->check(std::chrono::steady_clock::now() - start, what);
     if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+/// Blocks until everything queued on `s` has run, under the rank's watchdog (wait_polled).
+inline void wait_stream(cudaStream_t s, const char* what) {
+  wait_polled([&] { return cudaStreamQuery(s); }, [&] { return cudaStreamSynchronize(s); }, what);
 }
 
 /// Keeps freed blocks in CUDA's default memory pool of each device used (the pool's release
@@ -259,21 +266,9 @@ inline void* record_event(device dev) {
   return static_cast<void*>(e);
 }
 
-/// Blocks until `e` has completed, polling under the rank's watchdog as wait_stream does.
+/// Blocks until `e` has completed, under the rank's watchdog (wait_polled).
 inline void wait_event(cudaEvent_t e, const char* what) {
-  wait_watchdog* w = current_watchdog();
-  if (!w) {
-    CCGRAPH_CHECK_CUDA(cudaEventSynchronize(e));
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  for (int spins = 0;; ++spins) {
-    const cudaError_t st = cudaEventQuery(e);
-    if (st == cudaSuccess) return;
-    if (st != cudaErrorNotReady) CCGRAPH_CHECK_CUDA(st);
-    w->check(std::chrono::steady_clock::now() - start, what);
-    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  wait_polled([&] { return cudaEventQuery(e); }, [&] { return cudaEventSynchronize(e); }, what);
 }
 
 /// The time from event `from` to event `to` in microseconds, once both completed (they may be
