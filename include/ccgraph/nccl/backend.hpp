@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -325,6 +326,31 @@ class gpu_world {
   std::string failure_;
   std::exception_ptr first_error_;
 };
+
+/// A random number drawn per call (a meeting's name).
+inline std::uint64_t fresh_token() {
+  thread_local std::mt19937_64 gen{std::random_device{}() ^ process_token()};
+  return gen();
+}
+
+/// Waits until `n` threads of this process called it with `key` (false when `timeout` passed
+/// first): a host-only barrier, which no GPU work can hold up.
+inline bool process_barrier(std::uint64_t key, int n, std::chrono::milliseconds timeout) {
+  struct meeting {
+    int arrived = 0, left = 0;
+  };
+  static std::mutex mu;
+  static std::condition_variable cv;
+  static std::map<std::uint64_t, meeting> meetings;  // (references to elements stay valid)
+  std::unique_lock lk(mu);
+  meeting& m = meetings[key];
+  ++m.arrived;
+  cv.notify_all();
+  const auto deadline = ::ccgraph::detail::deadline_after(std::chrono::steady_clock::now(), timeout);
+  const bool met = cv.wait_until(lk, deadline, [&] { return m.arrived >= n; });
+  if (met ? ++m.left == n : (--m.arrived == 0 && m.left == 0)) meetings.erase(key);
+  return met;
+}
 
 /// An event that several holders share (a work and the rank's in-flight list).
 using shared_event = std::shared_ptr<CUevent_st>;
@@ -747,29 +773,63 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
            std::any_of(comms_.begin(), comms_.end(), [](const auto& kv) { return !kv.second.adopted; });
   }
 
-  /// Waits until every rank of the world reached this call: a one-element all_reduce on the
-  /// world's communicator, waited for under the watchdog (a missing peer: a timeout_error and
-  /// the communicators aborted, never a hang).
-  void world_barrier(const char* what) {
+  /// Waits until every rank of the world reached this call (a world_gather of nothing).
+  void world_barrier(const char* what) { (void)world_gather(0, 0, what); }
+
+  /// Every rank's two values (`a`, `b`), in rank order, gathered over the world's communicator
+  /// (also a barrier), waited for under the watchdog: a missing peer is a timeout_error and the
+  /// communicators aborted, never a hang.
+  std::vector<std::uint64_t> world_gather(std::uint64_t a, std::uint64_t b, const char* what) {
     const ncclComm_t c = comm_for(world_ranks_);
     device_scope scope(device_);
     current_watchdog_guard g(&watchdog_);
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_size_));
+    const std::uint64_t mine[2] = {a, b};
     void* d = nullptr;
-    CCGRAPH_CHECK_CUDA(cudaMallocAsync(&d, sizeof(float), comm_stream()));
+    CCGRAPH_CHECK_CUDA(cudaMallocAsync(&d, all.size() * sizeof(std::uint64_t), comm_stream()));
     try {
-      CCGRAPH_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(float), comm_stream()));
+      auto* slot = static_cast<std::uint64_t*>(d) + 2 * rank_;
+      // (From pageable memory: the call returns once `mine` was read.)
+      CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(slot, mine, sizeof mine, cudaMemcpyHostToDevice, comm_stream()));
       CCGRAPH_CHECK_NCCL(ncclGroupStart());
-      const ncclResult_t ar = ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, comm_stream());
+      const ncclResult_t ag = ncclAllGather(slot, d, 2, ncclUint64, c, comm_stream());
       const ncclResult_t r = ncclGroupEnd();
-      CCGRAPH_CHECK_NCCL(ar);
+      CCGRAPH_CHECK_NCCL(ag);
       if (r != ncclInProgress) CCGRAPH_CHECK_NCCL(r);
       if (r == ncclInProgress) settle(c, what);
-      wait_stream(comm_stream(), what);
+      wait_stream(comm_stream(), what);  // under the watchdog: the copy below cannot block
+      CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(all.data(), d, all.size() * sizeof(std::uint64_t),
+                                         cudaMemcpyDeviceToHost, comm_stream()));
+      CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(comm_stream()));
     } catch (...) {
       (void)cudaFreeAsync(d, comm_stream());
       throw;
     }
     CCGRAPH_CHECK_CUDA(cudaFreeAsync(d, comm_stream()));
+    return all;
+  }
+
+  /// Destroys the rank's communicators (close(true)) and returns once every rank of the world
+  /// that shares this process has destroyed its own: NCCL frees the communicators of ranks in
+  /// one process when the last of them destroys its own, and that waits for their GPUs to be
+  /// idle, so a rank that went on to a collective there (the caller's, on an adopted
+  /// communicator) would wait for a peer that waits for it. The ranks sharing the process are
+  /// found by a world_gather, which is also the barrier that a clean close needs first.
+  void close_with_process_peers(const char* what) {
+    const std::vector<std::uint64_t> all = world_gather(process_token(), fresh_token(), what);
+    const std::uint64_t me = all[2 * static_cast<std::size_t>(rank_)];
+    int local = 0;
+    std::uint64_t key = 0;  // the lowest local rank's fresh token: the same on each local rank
+    for (int r = world_size_ - 1; r >= 0; --r)
+      if (all[2 * static_cast<std::size_t>(r)] == me) {
+        ++local;
+        key = all[2 * static_cast<std::size_t>(r) + 1];
+      }
+    close(true);
+    if (local > 1 && !process_barrier(key, local, opt_.timeout))
+      CCGRAPH_THROW(::ccgraph::timeout_error, "nccl: rank ", rank_, ": ", what, ": the ", local - 1,
+                    " other rank(s) of this process did not destroy their communicators within ",
+                    opt_.timeout.count(), " ms");
   }
 
   /// Waits until everything queued on the communication stream has run (end of the rank).
@@ -1225,8 +1285,12 @@ struct adopt_options {
 ///
 /// Destroy it on the thread that made it. Its end waits (host) for the work queued on the
 /// stream, and is collective over the world when ccgraph made communicators or copy-engine
-/// channels of its own (a store barrier with adopt_options::store, else a one-element
-/// all_reduce on the adopted communicator), so it may destroy them knowing the peers are done.
+/// channels of its own (with adopt_options::store, a store barrier before destroying them and
+/// one after; else a 16-byte all_gather on the adopted communicator before, and after, a
+/// barrier among the ranks that share this process), so it destroys them knowing the peers
+/// are done, and returns only once the peers in this process destroyed theirs (NCCL frees
+/// those together, waiting for their GPUs: a collective of the caller's queued meanwhile on
+/// one of them would wait forever).
 class adopted_rank {
  public:
   adopted_rank(ncclComm_t world, cudaStream_t compute, adopt_options opt)
@@ -1255,11 +1319,18 @@ class adopted_rank {
     const bool unwinding = std::uncaught_exceptions() > uncaught_;
     rank_.finish([&](detail::nccl_rank& comm) {
       if (unwinding) return comm.abort_comms(false);
-      if (opt_.store)
+      // No rank leaves before its peers in this process destroyed their communicators too
+      // (nccl_rank::close_with_process_peers says why): with a store, a second store barrier
+      // after the destroys, host-only like the first.
+      if (opt_.store) {
         barrier(*opt_.store, opt_.store_prefix + "finish", where_.rank, where_.world_size);
-      else if (comm.owns_communicators())  // the same on every rank: only splits, made by all
-        comm.world_barrier("the barrier at the end of an adopted rank");
-      comm.close(true);
+        comm.close(true);
+        barrier(*opt_.store, opt_.store_prefix + "closed", where_.rank, where_.world_size);
+      } else if (comm.owns_communicators()) {  // the same on every rank: only splits, made by all
+        comm.close_with_process_peers("the end of an adopted rank");
+      } else {
+        comm.close(true);
+      }
     });
   }
 
