@@ -2,10 +2,12 @@
 // It has a tensor's shape, dtype and view methods; every op on it records a graph node.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <ccgraph/core/dtype.hpp>
@@ -77,8 +79,19 @@ class symbolic : public pointwise_operators::operand_tag {  // finds the pointwi
   }
   /// select along `dim`.
   symbolic select(std::int64_t dim, std::int64_t index) const { return view_op<ops::select>("select", dim, index); }
-  /// transpose two dims.
-  symbolic transpose(std::int64_t d0, std::int64_t d1) const { return view_op<ops::transpose>("transpose", d0, d1); }
+  /// transpose two dims. The transpose of a transpose of the same two dims is its source: no
+  /// view that undoes another is recorded, so passes see the producer itself (a weight's
+  /// gradient comes out of matmul's rule transposed and its transpose's rule turns it back:
+  /// decompose_matmul_collectives then finds the matmul right under the gradient's all_reduce).
+  symbolic transpose(std::int64_t d0, std::int64_t d1) const {
+    if (const auto* t = std::get_if<ops::transpose>(&ref_.src->kind())) {
+      const std::size_t r = shape().size();
+      const auto a = std::minmax(normalize_dim(d0, r, "transpose"), normalize_dim(d1, r, "transpose"));
+      if (a == std::minmax(normalize_dim(t->dim0, r, "transpose"), normalize_dim(t->dim1, r, "transpose")))
+        return symbolic(st_, ref_.src->args().front());
+    }
+    return view_op<ops::transpose>("transpose", d0, d1);
+  }
   /// permute dims.
   symbolic permute(const std::vector<std::int64_t>& dims) const { return view_op<ops::permute>("permute", dims); }
   /// unsqueeze at `dim`.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ccgraph/schedule/decompose.hpp>
+#include <ccgraph/ir/analysis.hpp>
 
 namespace ccgraph {
 
@@ -245,6 +246,10 @@ CCGRAPH_DECL bool decomposable(const node& c) {
 }  // namespace detail
 
 CCGRAPH_DECL void decompose_matmul_collectives(graph& g, int chunks, rank_context* ctx) {
+  // A value nothing reads (a view tracing left behind) would count as a second reader of the
+  // matmul it views and keep that matmul whole. (Collectives are never removed: every member
+  // still sees the same ones.)
+  eliminate_dead_code(g);
   const std::vector<node*> nodes = g.nodes();
   const std::size_t n = nodes.size();
   std::vector<node*> comms;
