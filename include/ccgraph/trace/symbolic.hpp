@@ -86,8 +86,9 @@ class symbolic : public pointwise_operators::operand_tag {  // finds the pointwi
   symbolic transpose(std::int64_t d0, std::int64_t d1) const {
     if (const auto* t = std::get_if<ops::transpose>(&ref_.src->kind())) {
       const std::size_t r = shape().size();
-      const auto a = std::minmax(normalize_dim(d0, r, "transpose"), normalize_dim(d1, r, "transpose"));
-      if (a == std::minmax(normalize_dim(t->dim0, r, "transpose"), normalize_dim(t->dim1, r, "transpose")))
+      const int a0 = normalize_dim(d0, r, "transpose"), a1 = normalize_dim(d1, r, "transpose");
+      const int b0 = normalize_dim(t->dim0, r, "transpose"), b1 = normalize_dim(t->dim1, r, "transpose");
+      if (std::min(a0, a1) == std::min(b0, b1) && std::max(a0, a1) == std::max(b0, b1))
         return symbolic(st_, ref_.src->args().front());
     }
     return view_op<ops::transpose>("transpose", d0, d1);
