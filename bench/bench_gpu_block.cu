@@ -13,9 +13,13 @@
 // Timing as bench_gpu_train: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
 // median of 10. Prints a table and one `RESULT <workload> <impl> <ms> ms` line per row.
 //
-// Usage: bench_gpu_block [--quick] [--timeline]
-//   --quick      B = 1
+// Usage: bench_gpu_block [--quick] [--timeline] [--fsdp]
+//   --quick      B = 1 (B = 2 with --fsdp)
 //   --timeline   after timing, GPU 0's kernels of the overlapped step from CUPTI
+//   --fsdp       the same block under FSDP instead (cg::fully_shard, examples/gpt_block.hpp's
+//                gpt_fsdp_block_loss): each rank B/2 of the batch, every parameter's dim-0 piece,
+//                all_gathered where the block reads it (again in the backward) and its gradient
+//                reduce_scattered; torch_block_reference.py --fsdp is PyTorch's FSDP2 side
 #include <ccgraph/cuda.hpp>
 
 #include "../examples/gpt_block.hpp"
@@ -51,18 +55,19 @@ auto compile_step(F step, cg::rank_context& ctx, cg::function_options opt, std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick] [--timeline]", {"--quick", "--timeline"});
+  const bench::args args(argc, argv, "[--quick] [--timeline] [--fsdp]", {"--quick", "--timeline", "--fsdp"});
   const bool timeline = args.has("--timeline");
+  const bool fsdp = args.has("--fsdp");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
     std::printf("bench_gpu_block: no GPU\n");
     return 0;
   }
   const int world = std::min(gpus, 2);
-  const ex::gpt_config c{.batch = args.has("--quick") ? 1 : 4, .seq = 2048, .dim = 4096, .heads = 32, .ffn = 16384};
-  const std::string workload = "gpt_block_tp" + std::to_string(world) + "_sp_B" + std::to_string(c.batch) + "_L" +
-                               std::to_string(c.seq) + "_D" + std::to_string(c.dim) + "_H" + std::to_string(c.heads) +
-                               "_F" + std::to_string(c.ffn);
+  const ex::gpt_config c{.batch = args.has("--quick") ? (fsdp ? 2 : 1) : 4, .seq = 2048, .dim = 4096, .heads = 32, .ffn = 16384};
+  const std::string workload = "gpt_block_" + std::string(fsdp ? "fsdp" : "tp") + std::to_string(world) +
+                               (fsdp ? "" : "_sp") + "_B" + std::to_string(c.batch) + "_L" + std::to_string(c.seq) +
+                               "_D" + std::to_string(c.dim) + "_H" + std::to_string(c.heads) + "_F" + std::to_string(c.ffn);
   std::vector<std::string> every_pass;
   for (const auto p : cg::schedule_pass_names()) every_pass.emplace_back(p);
   const std::vector<std::pair<std::string, std::vector<std::string>>> modes{
@@ -73,33 +78,41 @@ int main(int argc, char** argv) {
   if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
     const int d = ctx.rank();
-    const cg::device_mesh mesh({world}, {"tp"});
+    // TP + SP over every rank, or FSDP over every rank ("tp" of one rank: no TP collectives).
+    const cg::device_mesh mesh = fsdp ? cg::device_mesh({world, 1}, {"dp", "tp"}) : cg::device_mesh({world}, {"tp"});
     // The same whole parameters on every rank (generated on the host), this rank's pieces on its GPU.
+    const auto whole = ex::gpt_random_params<bf>(c, cg::generator(99));
     std::vector<T> params;
-    for (const T& p : ex::gpt_shards(ex::gpt_random_params<bf>(c, cg::generator(99)), mesh)) params.push_back(p.cuda(d));
+    for (const T& p : fsdp ? ex::gpt_fsdp_shards(whole, mesh) : ex::gpt_shards(whole, mesh)) params.push_back(p.cuda(d));
     cg::generator gen(1234, static_cast<std::uint64_t>(d));
-    const T x = cg::randn<bf>({c.batch, c.seq / world, c.dim}, gen).cuda(d);
-    const auto loss_and_grads = cg::value_and_grad(ex::gpt_block_loss(c, mesh), wrt);
-    for (std::size_t k = 0; k < modes.size(); ++k) {
-      auto step = compile_step(loss_and_grads, ctx,
-                               {.passes = modes[k].second,
-                                .compile = {.cuda_graph = true, .static_outputs = true},
-                                .guard = cg::function_guard::arguments},
-                               std::make_index_sequence<10>{});
-      T last_loss;
-      auto one = [&] {
-        auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
-          return step(x, params[I]...);
-        }(std::make_index_sequence<10>{});
-        last_loss = std::get<0>(out);
-      };
-      const double t = bench::step_ms(one);
-      if (timeline && k == 0) bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + modes[k].first, 2, true, [&](int) { one(); });
-      if (d == 0) {
-        ms[k] = t;
-        loss[k] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
+    const T x = (fsdp ? cg::randn<bf>({c.batch / world, c.seq, c.dim}, gen) : cg::randn<bf>({c.batch, c.seq / world, c.dim}, gen)).cuda(d);
+    // Every mode of one loss (the two losses are lambdas of different types).
+    auto time_modes = [&](const auto& loss_and_grads) {
+      for (std::size_t k = 0; k < modes.size(); ++k) {
+        auto step = compile_step(loss_and_grads, ctx,
+                                 {.passes = modes[k].second,
+                                  .compile = {.cuda_graph = true, .static_outputs = true},
+                                  .guard = cg::function_guard::arguments},
+                                 std::make_index_sequence<10>{});
+        T last_loss;
+        auto one = [&] {
+          auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
+            return step(x, params[I]...);
+          }(std::make_index_sequence<10>{});
+          last_loss = std::get<0>(out);
+        };
+        const double t = bench::step_ms(one);
+        if (timeline && k == 0) bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + modes[k].first, 2, true, [&](int) { one(); });
+        if (d == 0) {
+          ms[k] = t;
+          loss[k] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
+        }
       }
-    }
+    };
+    if (fsdp)
+      time_modes(cg::value_and_grad(ex::gpt_fsdp_block_loss(c, mesh), wrt));
+    else
+      time_modes(cg::value_and_grad(ex::gpt_block_loss(c, mesh), wrt));
   });
   // GEMMs per rank: forward 2 B L (4 D² + 2 D F) / tp FLOPs; backward twice that (x's gradient
   // flows through every linear: the norms' parameters need it).
@@ -108,8 +121,8 @@ int main(int argc, char** argv) {
   char dev[256] = {0};
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::snprintf(dev, sizeof dev, "%s", prop.name);
-  std::printf("# bench_gpu_block: %d x %s, %s, bf16, TP + SP, fwd + bwd, one CUDA Graph per step\n", world, dev,
-              workload.c_str());
+  std::printf("# bench_gpu_block: %d x %s, %s, bf16, %s, fwd + bwd, one CUDA Graph per step\n", world, dev,
+              workload.c_str(), fsdp ? "FSDP" : "TP + SP");
   std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s per GPU | loss term, rank 0 |\n|---|---|---|---|---|\n");
   for (std::size_t k = 0; k < modes.size(); ++k)
     std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), modes[k].first.c_str(), ms[k],

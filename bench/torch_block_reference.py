@@ -7,9 +7,14 @@ rank's tokens, on min(2, GPUs) ranks. Modes: eager, torch.compile, and torch.com
 (Inductor's micro-pipelined all_gather / reduce_scatter matmuls) when this PyTorch supports it.
 Median of 10 steps after 4, CUDA events. Prints a table and RESULT lines.
 
-Usage: python3 bench/torch_block_reference.py [--quick] [--profile]
-  --quick     B = 1 (as bench_gpu_block --quick)
+With --fsdp, the same block under FSDP2 instead (torch.distributed.fsdp.fully_shard on the block,
+one data-parallel mesh over the ranks, each rank B / world of the batch at the full sequence;
+gradients reduce-scattered), eager and torch.compile: bench_gpu_block --fsdp's side.
+
+Usage: python3 bench/torch_block_reference.py [--quick] [--profile] [--fsdp]
+  --quick     B = 1 (B = 2 with --fsdp; as bench_gpu_block --quick)
   --profile   after timing, rank 0 prints each mode's kernels over 3 steps
+  --fsdp      FSDP2 instead of TP + SP
 """
 import os
 
@@ -82,18 +87,18 @@ def tp_plan():
     }
 
 
-def worker(rank, world, batch, profile):
+def worker(rank, world, batch, profile, fsdp=False):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29537", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
-    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("dp",) if fsdp else ("tp",))
     dev = torch.device("cuda", rank)
     b, l, d, h, f = batch, 2048, 4096, 32, 16384
-    workload = f"gpt_block_tp{world}_sp_B{b}_L{l}_D{d}_H{h}_F{f}"
+    workload = f"gpt_block_fsdp{world}_B{b}_L{l}_D{d}_H{h}_F{f}" if fsdp else f"gpt_block_tp{world}_sp_B{b}_L{l}_D{d}_H{h}_F{f}"
     out = {}
-    for mode in ("eager", "compile", "compile_async_tp"):
+    for mode in ("eager", "compile") if fsdp else ("eager", "compile", "compile_async_tp"):
         try:
             import torch._inductor.config as inductor_config
             torch._dynamo.reset()
@@ -103,23 +108,28 @@ def worker(rank, world, batch, profile):
                 inductor_config._micro_pipeline_tp = True
             torch.manual_seed(0)
             m = Block(d, h, f).to(dev, torch.bfloat16)
-            parallelize_module(m, mesh, tp_plan())
+            if fsdp:
+                from torch.distributed.fsdp import fully_shard
+                fully_shard(m, mesh=mesh)  # one unit: one all_gather and one reduce_scatter of every parameter
+            else:
+                parallelize_module(m, mesh, tp_plan())
             fwd = torch.compile(m) if mode.startswith("compile") else m
             torch.manual_seed(1 + rank)
-            x = torch.randn(b, l // world, d, device=dev, dtype=torch.bfloat16)
+            x = (torch.randn(b // world, l, d, device=dev, dtype=torch.bfloat16) if fsdp else
+                 torch.randn(b, l // world, d, device=dev, dtype=torch.bfloat16))
             last = {}
 
             def step():
                 for p in m.parameters():
                     p.grad = None
                 y = fwd(x)
-                loss = (y.float() ** 2).sum() / (b * l * d)
+                loss = (y.float() ** 2).sum() / (b * l * d)  # (FSDP: this rank's term, as ccgraph's)
                 loss.backward()
                 last["loss"] = loss
 
             out[mode] = (timeit(step), float(last["loss"].item()))
             if profile:
-                print_profile(step, f"torch TP block {mode}", rank)
+                print_profile(step, f"torch {'FSDP' if fsdp else 'TP'} block {mode}", rank)
             del m, fwd
         except Exception as e:  # async TP needs symmetric memory support; report, do not hide
             if rank == 0:
@@ -135,4 +145,4 @@ def worker(rank, world, batch, profile):
 
 
 if __name__ == "__main__":
-    main("torch_block_reference.py", worker, lambda quick: 1 if quick else 4)
+    main("torch_block_reference.py", worker, lambda quick, fsdp: (2 if fsdp else 1) if quick else 4, ("--fsdp",))

@@ -45,16 +45,20 @@ def print_results(workload, world, out, prefix, loss_label):
         print(f"RESULT {workload} torch_{prefix}{mode} {ms:.3f} ms", flush=True)
 
 
-def main(script, worker, size_of):
-    """The command line [--quick] [--profile] (anything else is an error), then `worker(rank,
-    world, size_of(quick), profile)` on min(2, GPUs) processes."""
+def main(script, worker, size_of, extra_flags=()):
+    """The command line [--quick] [--profile] plus `extra_flags` (anything else is an error), then
+    `worker(rank, world, size, profile, *extra)` on min(2, GPUs) processes, where size is
+    size_of(quick, *extra) and each extra is whether its flag was given."""
     import torch.multiprocessing as mp
     args = sys.argv[1:]
-    unknown = [a for a in args if a not in ("--quick", "--profile")]
+    known = ("--quick", "--profile") + tuple(extra_flags)
+    unknown = [a for a in args if a not in known]
     if unknown:
-        sys.exit(f"{script}: unknown argument(s) {unknown}; usage: [--quick] [--profile]")
+        sys.exit(f"{script}: unknown argument(s) {unknown}; usage: " + " ".join(f"[{k}]" for k in known))
     world = min(2, torch.cuda.device_count())
     if world < 1:
         print(f"{script}: no GPU")
         sys.exit(0)
-    mp.spawn(worker, args=(world, size_of("--quick" in args), "--profile" in args), nprocs=world, join=True)
+    extra = tuple(f in args for f in extra_flags)
+    mp.spawn(worker, args=(world, size_of("--quick" in args, *extra), "--profile" in args) + extra, nprocs=world,
+             join=True)

@@ -13,7 +13,9 @@
 //  2. the collectives each phase issues (cg::comm_counter): forward 2 all_gathers and 2
 //     reduce_scatters, backward their transposes and one all_reduce per norm parameter;
 //  3. the same step traced into one joint graph, scheduled by the overlap passes (printed: where
-//     each collective and its wait landed), compiled, gives the eager values.
+//     each collective and its wait landed), compiled, gives the eager values;
+//  4. the block under FSDP on "dp" (cg::fully_shard), alone and 2-D with TP + SP on "tp", equals
+//     one device too (each rank its part of the batch).
 // The same block runs on GPUs in bf16 in 07_tp_sp_block_gpu.cu and is timed against PyTorch in
 // bench/bench_gpu_block.cu. Exits non-zero on a mismatch.
 #include <ccgraph/ccgraph.hpp>
@@ -143,7 +145,41 @@ int main() {
       }
     });
   }
-  std::cout << (ok ? "\nOK: the TP + SP block equals one device, forward and backward, eager and compiled\n"
+  // 4. FSDP (cg::fully_shard) on "dp": each rank its half of the batch, each parameter's dim-0
+  // piece, all_gathered where the block reads it and its gradient reduce_scattered back; alone
+  // (a "tp" of one rank) and as 2-D FSDP x TP + SP on a 2 x 2 mesh.
+  for (const int tp : {1, 2}) {
+    const int dp = 2;
+    std::cout << "\nFSDP on dp = " << dp << " x tp = sp = " << tp << (tp == 1 ? ", reshard after forward" : "") << ":\n";
+    cg::run_threads(dp * tp, [&](cg::rank_context& ctx) {
+      const int r = ctx.rank();
+      const cg::device_mesh mesh({dp, tp}, {"dp", "tp"});
+      const auto coord = mesh.coordinate(r);
+      const auto params = ex::gpt_fsdp_shards(whole, mesh);
+      const auto want = ex::gpt_fsdp_shards(ref_grads, mesh);
+      const std::int64_t b = c.batch / dp;
+      const F xl = ex::gpt_sequence_shard(F(x.narrow(0, coord[0] * b, b).contiguous()), static_cast<int>(coord[1]), tp);
+      cg::comm_counter counter;
+      const bool reshard = tp == 1;  // (both ways: the backward re-gathers, or keeps the forward's)
+      const auto got = call_block(cg::value_and_grad(ex::gpt_fsdp_block_loss(c, mesh, reshard), wrt), xl, params);
+      const F loss = cg::all_reduce(got[0], "sum", ctx.world());
+      double worst = rel_diff(loss, ref[0]);
+      for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, rel_diff(got[i + 1], want[i]));
+      if (worst > 1e-4) fail("rank " + std::to_string(r) + ": FSDP differs from one device by " + std::to_string(worst));
+      if (r == 0) {
+        const std::lock_guard lock(mu);
+        std::cout << "  eager loss " << loss.to_vector()[0] << " (one device " << ref[0].to_vector()[0]
+                  << "), worst relative difference over the loss and every gradient piece " << worst << "\n";
+        for (const auto& [phase, kinds] : counter.counts_by_phase()) {
+          std::cout << "  " << phase << ":";
+          for (const auto& [kind, n] : kinds) std::cout << " " << n << " " << kind;
+          std::cout << "\n";
+        }
+      }
+    });
+  }
+
+  std::cout << (ok ? "\nOK: the TP + SP block and its FSDP versions equal one device, forward and backward\n"
                    : "\nFAILED\n");
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -120,4 +120,40 @@ inline auto gpt_block_loss(const gpt_config& c, const device_mesh& mesh) {
   };
 }
 
+/// The block under FSDP on mesh["dp"] (cg::fully_shard, PyTorch's FSDP2) times tensor + sequence
+/// parallelism on mesh["tp"] (gpt_plan(); a "tp" of one rank is plain FSDP): (x [B/dp, L/tp, D],
+/// each of the 10 parameters' dim-0 piece on mesh["dp"] of its piece on mesh["tp"], in gpt_names'
+/// order) -> this rank's term of the loss, scaled so that the terms of all ranks sum to the
+/// single-device loss of the whole batch. Each parameter is all_gathered on "dp" just before the
+/// block reads it (in gpt_names' order, its order of use), and its gradient reduce_scattered back.
+/// `c` is the whole batch's config (c.batch divisible by the size of "dp"). `reshard_after_forward`
+/// as fully_shard_options has it; off by default, as PyTorch's FSDP2 leaves the root module's
+/// parameters unsharded between forward and backward (here the block is the whole model).
+inline auto gpt_fsdp_block_loss(const gpt_config& c, const device_mesh& mesh, bool reshard_after_forward = false) {
+  const device_mesh dp = mesh["dp"], tp = mesh["tp"];
+  gpt_config local = c;
+  local.batch = c.batch / dp.size();
+  return [local, dp, tp, reshard_after_forward](auto x, auto ln1_w, auto ln1_b, auto wq, auto wk, auto wv, auto wo, auto ln2_w, auto ln2_b,
+                         auto w1, auto w2) {
+    using V = decltype(x);
+    const auto fs = fully_shard(gpt_named(std::vector<V>{ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2}), dp,
+                                {.local_shards = true, .reshard_after_forward = reshard_after_forward});
+    std::vector<V> full;
+    for (const char* n : gpt_names) full.push_back(fs.unshard(n));
+    const V term = gpt_block_loss(local, tp)(x, full[0], full[1], full[2], full[3], full[4], full[5], full[6], full[7],
+                                             full[8], full[9]);
+    return V(term * (1.0 / double(dp.size())));  // each rank's term over its B/dp of the batch
+  };
+}
+
+/// This rank's pieces for gpt_fsdp_block_loss of whole parameters: the TP shards on mesh["tp"],
+/// then their dim-0 pieces on mesh["dp"], in gpt_names' order.
+template <class T>
+std::vector<tensor<T>> gpt_fsdp_shards(const std::vector<tensor<T>>& whole, const device_mesh& mesh) {
+  const auto fs = fully_shard(gpt_named(gpt_shards(whole, mesh["tp"])), mesh["dp"]);
+  std::vector<tensor<T>> out;
+  for (const char* n : gpt_names) out.push_back(fs[n].to_local());
+  return out;
+}
+
 }  // namespace ccgraph::examples
