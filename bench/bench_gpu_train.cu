@@ -14,8 +14,11 @@
 // median of 10. Inputs are random (randn / nn.Linear's uniform init). Prints a table and one
 // `RESULT <workload> <impl> <ms> ms` line per row; bench/compare_train.sh runs the anchor beside it.
 //
-// Usage: bench_gpu_train [--quick] [--timeline]
+// Usage: bench_gpu_train [--quick] [--timeline] [--decompose]
 //   --quick      T = 2048, for a smoke run
+//   --decompose  a third row: in place, with decompose_matmul_collectives (4 row chunks) before
+//                the overlap passes, so that the last weight gradient's all_reduce (the step's
+//                exposed tail) overlaps its own GEMM's remaining chunks
 //   --timeline   after timing, GPU 0's kernels of the in-place step from CUPTI (cupti_timeline.hpp):
 //                where the step's time goes, to read beside torch_train_reference.py --profile
 #include <ccgraph/cuda.hpp>
@@ -70,8 +73,9 @@ constexpr std::size_t n_inputs = 3 + 5;
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick] [--timeline]", {"--quick", "--timeline"});
+  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose]", {"--quick", "--timeline", "--decompose"});
   const bool timeline = args.has("--timeline");
+  const bool decompose = args.has("--decompose");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
     std::printf("bench_gpu_train: no GPU\n");
@@ -81,14 +85,17 @@ int main(int argc, char** argv) {
   const i64 t_rows = args.has("--quick") ? 2048 : 8192, h = 4096, f = 16384;
   const cg::optim::adamw_options opt{.lr = 1e-4};
   const std::string workload = "dp_mlp_T" + std::to_string(t_rows) + "_H" + std::to_string(h) + "_F" + std::to_string(f);
-  std::vector<double> ms(2, 0.0);
-  std::vector<double> loss(2, 0.0);
+  const char* names[] = {"in_place", "functional", "in_place_decomposed"};
+  const int rows = decompose ? 3 : 2;
+  std::vector<double> ms(3, 0.0);
+  std::vector<double> loss(3, 0.0);
   if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
     cg::generator gen(1234, static_cast<std::uint64_t>(ctx.rank()));  // each rank its own batch
     const T x = cg::randn<bf>({t_rows, h}, gen);
     const double b1 = 1 / std::sqrt(double(h)), b2 = 1 / std::sqrt(double(f));
-    for (const bool in_place : {true, false}) {
+    for (int row = 0; row < rows; ++row) {
+      const bool in_place = row != 1;
       cg::generator wgen(99);  // the same weights on every rank
       std::vector<T> w{cg::uniform<bf>({f, h}, -b1, b1, wgen), cg::uniform<bf>({h, f}, -b2, b2, wgen)};
       const auto st0 = cg::optim::init(w, opt);
@@ -96,10 +103,11 @@ int main(int argc, char** argv) {
       cg::tensor<float> count = st0.step;
       cg::compile_options co{.cuda_graph = true, .static_outputs = true};
       if (in_place) co.update_inputs = cg::update_inputs_range(1, 1, n_inputs - 1);
+      std::vector<std::string> passes{"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
+      if (row == 2) passes.insert(passes.begin(), "decompose_matmul_collectives");  // (cg::schedule's order)
       auto step = cg::compile_function<bf, bf, bf, bf, bf, bf, bf, float>(
           train_step(opt, ctx.world()), ctx,
-          {.passes = {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}, .compile = co,
-           .guard = cg::function_guard::arguments});
+          {.passes = passes, .compile = co, .guard = cg::function_guard::arguments});
       T last_loss;
       auto one = [&] {
         auto out = step(x, w[0], w[1], st[0], st[1], st[2], st[3], count);
@@ -111,11 +119,11 @@ int main(int argc, char** argv) {
         }
       };
       const double t = bench::step_ms(one);
-      if (timeline && in_place)
-        bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, in place", 2, true, [&](int) { one(); });
+      if (timeline && row != 1)
+        bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + names[row], 2, true, [&](int) { one(); });
       if (ctx.rank() == 0) {
-        ms[in_place ? 0 : 1] = t;
-        loss[in_place ? 0 : 1] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
+        ms[row] = t;
+        loss[row] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
       }
     }
   });
@@ -127,10 +135,9 @@ int main(int argc, char** argv) {
   std::printf("# bench_gpu_train: %d x %s, %s, bf16, fwd + bwd + all_reduce(avg) + AdamW, one CUDA Graph per step\n",
               world, dev, workload.c_str());
   std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s | loss after 14 steps |\n|---|---|---|---|---|\n");
-  const char* names[] = {"in_place", "functional"};
-  for (int k = 0; k < 2; ++k)
+  for (int k = 0; k < rows; ++k)
     std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), names[k], ms[k], tflop / (ms[k] / 1e3), loss[k]);
-  for (int k = 0; k < 2; ++k) std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), names[k], ms[k]);
+  for (int k = 0; k < rows; ++k) std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), names[k], ms[k]);
   if (timeline) bench::cupti::flush();
   return 0;
 }

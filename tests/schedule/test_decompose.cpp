@@ -117,6 +117,39 @@ TEST_CASE("decompose.tp_mlp.results_match_undecomposed_and_eager") {
   }
 }
 
+TEST_CASE("decompose.weight_gradients_under_their_all_reduce") {
+  // Data parallelism: a weight used as w.transpose(0, 1) gets its gradient from matmul's rule
+  // as a transpose that the transpose's rule turns back (folded at trace time), so the
+  // gradient's all_reduce reads the weight-gradient matmul itself and splits into row chunks.
+  const std::int64_t t = 16, h = 8, f = 12;
+  auto step = [](cg::group world) {
+    return [world](auto x, auto w1, auto w2) {
+      using V = decltype(x);
+      auto loss = [](const auto& xx, const auto& a, const auto& b) {
+        return cg::sum(cg::matmul(cg::gelu(cg::matmul(xx, a.transpose(0, 1))), b.transpose(0, 1)));
+      };
+      auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
+      return std::make_tuple(V(l), V(cg::all_reduce(g1, "avg", world)), V(cg::all_reduce(g2, "avg", world)));
+    };
+  };
+  std::vector<int> ok(2, 0);
+  cg::run_threads(2, [&](cg::rank_context& ctx) {
+    const auto g = cg::trace(step(ctx.world()), cg::input<float>({t, h}), cg::input<float>({f, h}),
+                             cg::input<float>({h, f}));
+    auto d = g;
+    cg::decompose_matmul_collectives(d, 4, &ctx);
+    cg::lint(d);
+    const bool split = d.count("all_reduce") == 8 && d.count("cat") == 2;
+    const auto x = cg::uniform<float>({t, h}, -1, 1, 1 + static_cast<std::uint64_t>(ctx.rank()));
+    const auto w1 = cg::uniform<float>({f, h}, -1, 1, 7), w2 = cg::uniform<float>({h, f}, -1, 1, 8);
+    const auto [l0, a0, b0] = cg::compile(g, ctx)(x, w1, w2);
+    const auto [l1, a1, b1] = cg::compile(d, ctx)(x, w1, w2);
+    ok[static_cast<std::size_t>(ctx.rank())] = split && l0.to_vector() == l1.to_vector() &&
+                                               a0.to_vector() == a1.to_vector() && b0.to_vector() == b1.to_vector();
+  });
+  CHECK(ok == std::vector<int>{1, 1});
+}
+
 TEST_CASE("decompose.row_broadcast_inputs.stay_whole") {
   const cg::group grp{std::vector<int>{0, 1}};
   const auto g = cg::trace(ccgraph_test::world(2), [&](auto x, auto w, auto bias, auto scale) {

@@ -311,6 +311,32 @@ TEST_CASE("trace.fusion.value_used_twice_is_one_node") {
   });
 }
 
+TEST_CASE("trace.views.transpose_of_transpose_is_its_source") {
+  // The same two dims, in either order and either sign: the second transpose is the source
+  // itself (the first stays, unread); other pairs are recorded.
+  auto g = cg::trace(world(1), [](auto a, auto b) {
+    return std::make_tuple(cg::eval(a.transpose(0, 1).transpose(1, 0) * 2.f),
+                           cg::eval(a.transpose(-2, -1).transpose(0, 1) + 1.f),
+                           cg::eval(b.transpose(0, 1).transpose(1, 2) * 3.f),
+                           cg::eval(b.transpose(2, 0).transpose(-1, 0) - 1.f));
+  }, cg::input<float>({4, 3}), cg::input<float>({2, 3, 5}));
+  const cg::node* out = g.output_node();
+  CHECK(out->args()[0].src->args()[0].src == g.placeholders()[0]);
+  CHECK(out->args()[1].src->args()[0].src == g.placeholders()[0]);
+  CHECK(out->args()[2].src->args()[0].src->op() == "transpose");  // (0, 1) then (1, 2): a permutation
+  CHECK(out->args()[3].src->args()[0].src == g.placeholders()[1]);
+  CHECK(g.count("transpose") == 5);  // four first transposes and (1, 2)
+  run(1, [&](cg::rank_context& ctx) {
+    const auto a = cg::uniform<float>({4, 3}, -1, 1, 3), b = cg::uniform<float>({2, 3, 5}, -1, 1, 4);
+    const auto [p, q, r, t] = cg::compile(g, ctx)(a, b);
+    CHECK(p.to_vector() == cg::eval(a * 2.f).to_vector());
+    CHECK(q.to_vector() == cg::eval(a + 1.f).to_vector());
+    CHECK(r.shape() == cg::shape_t{3, 5, 2});
+    CHECK(r.contiguous().to_vector() == cg::eval(b.transpose(0, 1).transpose(1, 2) * 3.f).contiguous().to_vector());
+    CHECK(t.to_vector() == cg::eval(b - 1.f).to_vector());
+  });
+}
+
 TEST_CASE("trace.fusion.generic_function_runs_eagerly_unchanged") {
   auto fn = [](auto a, auto b) {
     auto h = cg::eval(cg::gelu(a) * b - 1.f);
