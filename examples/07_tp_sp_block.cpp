@@ -162,6 +162,7 @@ int main() {
       cg::comm_counter counter;
       const bool reshard = tp == 1;  // (both ways: the backward re-gathers, or keeps the forward's)
       const auto got = call_block(cg::value_and_grad(ex::gpt_fsdp_block_loss(c, mesh, reshard), wrt), xl, params);
+      const auto counts = counter.counts_by_phase();  // (before the loss's own all_reduce)
       const F loss = cg::all_reduce(got[0], "sum", ctx.world());
       double worst = rel_diff(loss, ref[0]);
       for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, rel_diff(got[i + 1], want[i]));
@@ -170,7 +171,7 @@ int main() {
         const std::lock_guard lock(mu);
         std::cout << "  eager loss " << loss.to_vector()[0] << " (one device " << ref[0].to_vector()[0]
                   << "), worst relative difference over the loss and every gradient piece " << worst << "\n";
-        for (const auto& [phase, kinds] : counter.counts_by_phase()) {
+        for (const auto& [phase, kinds] : counts) {
           std::cout << "  " << phase << ":";
           for (const auto& [kind, n] : kinds) std::cout << " " << n << " " << kind;
           std::cout << "\n";
