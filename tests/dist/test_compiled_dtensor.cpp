@@ -144,6 +144,11 @@ TEST_CASE("compiled_dtensor.partial_graph_output.world2_world4") {
       check_equal(value.to_local(), term);
       check_equal(gx.to_local(), hx);
       check_equal(gy.to_local(), hy);
+      // And value_and_grad called eagerly on the dtensors: the same dtensors.
+      const auto [ev, egx, egy] = cg::value_and_grad(loss, {0, 1})(xd, yd);
+      check_same_dtensor(ev, value);
+      check_same_dtensor(egx, gx);
+      check_same_dtensor(egy, gy);
     });
   }
 }
@@ -356,6 +361,11 @@ TEST_CASE("compiled_dtensor.value_and_grad.megatron.world2_world4") {
       check_equal(gx.to_local(), hx);
       check_equal(g1.to_local(), h1);
       check_equal(g2.to_local(), h2);
+      const auto [ev, egx, eg1, eg2] = cg::value_and_grad(loss, {0, 1, 2})(xd, w1d, w2d);  // eagerly
+      check_same_dtensor(ev, value);
+      check_same_dtensor(egx, gx);
+      check_same_dtensor(eg1, g1);
+      check_same_dtensor(eg2, g2);
       // One graph: the forward's all_reduce and the backward's two (the loss's gradient, x's
       // Replicate boundary); a second step runs it again.
       const auto* c = step.compiled_for({x.shape(), w1d.to_local().shape(), w2d.to_local().shape()});

@@ -27,6 +27,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ops/comm_counter.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
@@ -516,6 +517,23 @@ concept traced_dtensor_like = dtensor_like<X> && requires(const X& x) {
   x.grad_from_local(x.local_value());
 };
 
+/// An eager dtensor (cg::dtensor<T>): dtensor_like with a tensor local value.
+template <class X>
+concept eager_dtensor_like = dtensor_like<X> && requires(const X& x) {
+  requires is_tensor_v<std::remove_cvref_t<decltype(x.local_value())>>;
+};
+
+/// The compile_function argument kind of an eager input: its element type for a tensor<T>,
+/// the dtensor type itself for a dtensor.
+template <class X>
+struct eager_kind {
+  using type = X;
+};
+template <class T>
+struct eager_kind<tensor<T>> {
+  using type = T;
+};
+
 /// What value_and_grad differentiates for an argument: a traced dtensor's local value, or the
 /// symbolic value itself.
 template <class X>
@@ -665,6 +683,19 @@ class value_and_grad_fn {
         return std::tuple{grad_of(I, std::get<I>(out))...};
       }(std::make_index_sequence<N>{});
     }
+  }
+
+  /// Eager, with dtensors among the inputs (cg::dtensor<T>; needs <ccgraph/ccgraph.hpp>, which
+  /// brings dist/compiled_dtensor.hpp): traces, differentiates and runs at once on the calling
+  /// rank, as cg::compile_function of this callable does, so the value and gradients are the
+  /// dtensors the traced overload above gives (gradients laid out as their inputs).
+  template <class... Xs>
+    requires((detail::eager_dtensor_like<Xs> || ...) && ((detail::eager_dtensor_like<Xs> || is_tensor_v<Xs>) && ...))
+  auto operator()(const Xs&... xs) const {
+    rank_context* ctx = detail::current_rank_ptr();
+    CCGRAPH_CHECK(ctx != nullptr, "value_and_grad: dtensor inputs need the calling rank's context (call it inside "
+                  "run_threads or run_gpus)");
+    return compile_function<typename detail::eager_kind<Xs>::type...>(*this, *ctx)(xs...);
   }
 
   /// Eager: traces the function on these tensors' shapes, differentiates it and runs the joint
