@@ -60,3 +60,5 @@
 // DTensor (placements, dtensor<T>, redistribute, comm_counter): small templates over the
 // collectives above, ~0.3 s of CPU on this umbrella's ~9 s (bench/compile_time.sh).
 #include <ccgraph/dtensor.hpp>
+// cg::dtensor<T> arguments and results of cg::compile_function (the two halves above meet).
+#include <ccgraph/dist/compiled_dtensor.hpp>

@@ -27,6 +27,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/ir/graph.hpp>
 #include <ccgraph/ops/comm_counter.hpp>
+#include <ccgraph/runtime/compiled_function.hpp>
 #include <ccgraph/runtime/executor.hpp>
 #include <ccgraph/runtime/rank_context.hpp>
 #include <ccgraph/schedule/cost_model.hpp>
@@ -508,6 +509,39 @@ concept dtensor_like = requires(const R& r) {
   r.device_mesh();
 };
 
+/// A traced dtensor: dtensor_like, its local value symbolic, and it makes the dtensor of a
+/// gradient of its local value (dtensor::grad_from_local).
+template <class X>
+concept traced_dtensor_like = dtensor_like<X> && requires(const X& x) {
+  { x.local_value() } -> symbolic_type;
+  x.grad_from_local(x.local_value());
+};
+
+/// An eager dtensor (cg::dtensor<T>): dtensor_like with a tensor local value.
+template <class X>
+concept eager_dtensor_like = dtensor_like<X> && requires(const X& x) {
+  requires is_tensor_v<std::remove_cvref_t<decltype(x.local_value())>>;
+};
+
+/// The compile_function argument kind of an eager input: its element type for a tensor<T>,
+/// the dtensor type itself for a dtensor.
+template <class X>
+struct eager_kind {
+  using type = X;
+};
+template <class T>
+struct eager_kind<tensor<T>> {
+  using type = T;
+};
+
+/// What value_and_grad differentiates for an argument: a traced dtensor's local value, or the
+/// symbolic value itself.
+template <class X>
+const auto& local_of(const X& x) {
+  if constexpr (traced_dtensor_like<X>) return x.local_value();
+  else return x;
+}
+
 template <class X>
 struct traced_value_type {
   using type = typename X::value_type;
@@ -588,6 +622,82 @@ class value_and_grad_fn {
       return grads;
   }
 
+  /// Traced, with traced dtensors among the inputs (what cg::compile_function gives a function
+  /// for its cg::dtensor<T> arguments, or from_local of a traced value): the function is called
+  /// with them as given and differentiated with respect to their local values. Each gradient
+  /// is a traced dtensor laid out as its input (dtensor::grad_from_local: a Partial input's
+  /// gradient is Replicate), the same numbers as taking the local values in and calling
+  /// from_local inside gives; the value is the dtensor the function returned (a Partial loss
+  /// stays each rank's term), or its one-element tensor. Every `wrt` input must be a dtensor.
+  template <class... Xs>
+    requires((detail::traced_dtensor_like<Xs> || ...) && ((detail::traced_dtensor_like<Xs> || is_symbolic_v<Xs>) && ...))
+  auto operator()(const Xs&... xs) const {
+    static constexpr std::array<bool, sizeof...(Xs)> is_dtensor{detail::traced_dtensor_like<Xs>...};
+    for (std::size_t i = 0; i < N; ++i) {
+      const int k = wrt_[i];
+      CCGRAPH_CHECK(k >= 0 && static_cast<std::size_t>(k) < sizeof...(Xs), "value_and_grad: wrt index ", k,
+                    " is out of range for a function of ", sizeof...(Xs), " input(s)");
+      CCGRAPH_CHECK(is_dtensor[static_cast<std::size_t>(k)], "value_and_grad: input ", k,
+                    " is a tensor among dtensor inputs; differentiate dtensors only (make it one with from_local)");
+    }
+    using R = std::remove_cvref_t<decltype(f_(xs...))>;
+    std::optional<R> loss;  // what f returned, kept for a dtensor value
+    // f on the dtensors as given: their local values are the symbolic values differentiated.
+    auto on_dtensors = [&](const auto&...) {
+      R r = f_(xs...);
+      if constexpr (detail::dtensor_like<R>) loss.emplace(r);
+      return r;
+    };
+    const auto out =
+        value_and_grad_fn<decltype(on_dtensors), N, WithValue>(on_dtensors, wrt_, opt_)(detail::local_of(xs)...);
+    const auto args = std::forward_as_tuple(xs...);
+    // The gradient of input wrt_[i] (a dtensor: checked above; of the gradients' element type:
+    // checked by the symbolic call) as a dtensor of its layout.
+    auto grad_of = [&](std::size_t i, const auto& g) {
+      using G = std::remove_cvref_t<decltype(g)>;
+      std::optional<dtensor_of_local_t<G, Xs...>> d;
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        (
+            [&] {
+              using XK = std::remove_cvref_t<decltype(std::get<K>(args))>;
+              if constexpr (detail::traced_dtensor_like<XK>)
+                if constexpr (std::is_same_v<std::remove_cvref_t<decltype(std::get<K>(args).local_value())>, G>)
+                  if (static_cast<std::size_t>(wrt_[i]) == K) d.emplace(std::get<K>(args).grad_from_local(g));
+            }(),
+            ...);
+      }(std::index_sequence_for<Xs...>{});
+      return std::move(*d);
+    };
+    auto value = [&](const auto& v) {
+      if constexpr (detail::dtensor_like<R>) return *loss;
+      else return v;
+    };
+    if constexpr (WithValue) {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{value(std::get<0>(out)), grad_of(I, std::get<I + 1>(out))...};
+      }(std::make_index_sequence<N>{});
+    } else if constexpr (N == 1) {
+      return grad_of(0, out);
+    } else {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple{grad_of(I, std::get<I>(out))...};
+      }(std::make_index_sequence<N>{});
+    }
+  }
+
+  /// Eager, with dtensors among the inputs (cg::dtensor<T>; needs <ccgraph/ccgraph.hpp>, which
+  /// brings dist/compiled_dtensor.hpp): traces, differentiates and runs at once on the calling
+  /// rank, as cg::compile_function of this callable does, so the value and gradients are the
+  /// dtensors the traced overload above gives (gradients laid out as their inputs).
+  template <class... Xs>
+    requires((detail::eager_dtensor_like<Xs> || ...) && ((detail::eager_dtensor_like<Xs> || is_tensor_v<Xs>) && ...))
+  auto operator()(const Xs&... xs) const {
+    rank_context* ctx = detail::current_rank_ptr();
+    CCGRAPH_CHECK(ctx != nullptr, "value_and_grad: dtensor inputs need the calling rank's context (call it inside "
+                  "run_threads or run_gpus)");
+    return compile_function<typename detail::eager_kind<Xs>::type...>(*this, *ctx)(xs...);
+  }
+
   /// Eager: traces the function on these tensors' shapes, differentiates it and runs the joint
   /// graph; the same values as the traced form gives.
   template <class... Ts>
@@ -601,6 +711,28 @@ class value_and_grad_fn {
   }
 
  private:
+  /// The first of the traced dtensors Xs whose local value is an L (void if none).
+  template <class L, class... Xs>
+  struct dtensor_of_local {
+    using type = void;
+  };
+  template <class L, class X, class... Xs>
+  struct dtensor_of_local<L, X, Xs...> {
+    static auto pick() {
+      if constexpr (detail::traced_dtensor_like<X>) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(std::declval<const X&>().local_value())>, L>)
+          return std::type_identity<X>{};
+        else
+          return std::type_identity<typename dtensor_of_local<L, Xs...>::type>{};
+      } else {
+        return std::type_identity<typename dtensor_of_local<L, Xs...>::type>{};
+      }
+    }
+    using type = typename decltype(pick())::type;
+  };
+  template <class L, class... Xs>
+  using dtensor_of_local_t = typename dtensor_of_local<L, Xs...>::type;
+
   F f_;
   std::array<int, N> wrt_;
   grad_options opt_;

@@ -121,6 +121,16 @@ class dtensor {
   }
   /// The local value as stored, with no gradient boundary (what the dtensor ops compute on).
   const Local& local_value() const { return local_; }
+  /// The dtensor whose local value is `g`, the gradient of this dtensor's local value in a
+  /// differentiated function (cg::value_and_grad over traced dtensors): laid out as this
+  /// dtensor, a Partial mesh dim Replicate (every term of a sum has the whole gradient; PyTorch's
+  /// backward of a redistribution normalises a Partial target to Replicate likewise).
+  dtensor grad_from_local(Local g) const {
+    std::vector<placement> gp = placements_;
+    for (placement& p : gp)
+      if (p.is_partial()) p = replicate();
+    return dtensor(std::move(g), mesh_, std::move(gp), shape_, stride_);
+  }
   /// The mesh (PyTorch's device_mesh).
   const ccgraph::device_mesh& device_mesh() const { return mesh_; }
   /// The mesh (PyTorch's device_mesh).

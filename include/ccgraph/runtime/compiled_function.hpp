@@ -72,7 +72,19 @@ struct host_arg {
 
 namespace detail {
 
-/// An argument kind of a compiled function: a tensor of element type X, or a host value.
+/// The layout of a plain tensor argument or result: none (all of it is its shape, already in
+/// the cache key).
+struct no_layout {
+  friend bool operator==(no_layout, no_layout) { return true; }
+  void hash(hasher&) const {}
+};
+
+/// An argument kind of a compiled function: a tensor of element type X, a tensor with a layout
+/// (a specialisation, e.g. cg::dtensor<T> in dist/compiled_dtensor.hpp), or a host value. A
+/// tensor kind says what a call takes (param_type), the tensor of it the graph runs on
+/// (local), what else of it the compiled graph is guarded on (layout_type, layout: checked
+/// against the rank context, part of the cache key, equal by ==, hashed by hash), and what
+/// the traced function is given for its symbolic local value (traced).
 template <class X>
 struct arg_kind {
   static constexpr bool is_tensor = false;
@@ -83,14 +95,68 @@ template <class X>
   requires is_element_v<X>
 struct arg_kind<X> {
   static constexpr bool is_tensor = true;
-  using host_type = X;
+  using host_type = X;  // unused: named where a host kind's is (function_types)
+  using element_type = X;
   using param_type = tensor<X>;
+  using layout_type = no_layout;
+  static const tensor<X>& local(const tensor<X>& t) { return t; }
+  static no_layout layout(const tensor<X>&, std::size_t /*index*/, const rank_context&) { return {}; }
+  static const symbolic<X>& traced(const symbolic<X>& s, const no_layout&) { return s; }
 };
 template <class T>
 struct arg_kind<host_arg<T>> {
   static constexpr bool is_tensor = false;
   using host_type = T;
   using param_type = T;
+};
+
+/// How a value the traced function returns crosses back out of a compiled function: `lower`
+/// gives what the graph returns for it (symbolic values) and keeps the rest of it (its layout)
+/// in `layout_type`; `lift` rebuilds it from the compiled graph's tensors and that layout. The
+/// primary template passes a value through (a symbolic value or an expression: the graph
+/// returns a tensor for it); tuples and vectors map their elements; dist/compiled_dtensor.hpp
+/// adds traced dtensors (the local value out, placements, mesh and global shape kept).
+template <class X>
+struct result_boundary {
+  using layout_type = no_layout;
+  static X lower(const X& x, layout_type&) { return x; }
+  template <class V>
+  static V lift(V v, const layout_type&) {
+    return v;
+  }
+};
+template <class... Xs>
+struct result_boundary<std::tuple<Xs...>> {
+  using layout_type = std::tuple<typename result_boundary<Xs>::layout_type...>;
+  static auto lower(const std::tuple<Xs...>& x, layout_type& l) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{result_boundary<Xs>::lower(std::get<I>(x), std::get<I>(l))...};
+    }(std::index_sequence_for<Xs...>{});
+  }
+  template <class... Vs>
+  static auto lift(std::tuple<Vs...> v, const layout_type& l) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{result_boundary<Xs>::lift(std::move(std::get<I>(v)), std::get<I>(l))...};
+    }(std::index_sequence_for<Xs...>{});
+  }
+};
+template <class X>
+struct result_boundary<std::vector<X>> {
+  using layout_type = std::vector<typename result_boundary<X>::layout_type>;
+  static auto lower(const std::vector<X>& x, layout_type& l) {
+    using E = decltype(result_boundary<X>::lower(x.front(), std::declval<typename result_boundary<X>::layout_type&>()));
+    l.clear();
+    std::vector<E> out;
+    for (const X& e : x) out.push_back(result_boundary<X>::lower(e, l.emplace_back()));
+    return out;
+  }
+  template <class V>
+  static auto lift(std::vector<V> v, const layout_type& l) {
+    using E = decltype(result_boundary<X>::lift(std::move(v.front()), std::declval<const typename result_boundary<X>::layout_type&>()));
+    std::vector<E> out;
+    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(result_boundary<X>::lift(std::move(v[i]), l.at(i)));
+    return out;
+  }
 };
 
 /// What a compiled function takes for argument kind X: tensor<X> for an element type, else the
@@ -111,6 +177,8 @@ void hash_host(hasher& h, const T& v) {
     h.add(static_cast<std::int64_t>(v));
   } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
     h.add(std::string_view(v));
+  } else if constexpr (requires { v.hash(h); }) {  // a layout (no_layout, dtensor_layout)
+    v.hash(h);
   } else if constexpr (requires { v.has_value(); *v; }) {
     h.add(v.has_value());
     if (v.has_value()) hash_host(h, *v);
@@ -167,10 +235,10 @@ struct arg_layout {
 
 template <class... Xs>
 struct function_types;
-/// The tensor element types and host value types of argument kinds Xs..., in order.
+/// The tensor argument kinds and host value types of argument kinds Xs..., in order.
 template <>
 struct function_types<> {
-  using tensors = std::tuple<>;
+  using tensor_kinds = std::tuple<>;
   using hosts = std::tuple<>;
 };
 template <class X, class... Xs>
@@ -182,30 +250,66 @@ struct function_types<X, Xs...> {
   struct cons<A, std::tuple<Bs...>> {
     using type = std::tuple<A, Bs...>;
   };
-  using tensors = std::conditional_t<arg_kind<X>::is_tensor, typename cons<X, typename rest::tensors>::type,
-                                     typename rest::tensors>;
+  using tensor_kinds = std::conditional_t<arg_kind<X>::is_tensor, typename cons<X, typename rest::tensor_kinds>::type,
+                                          typename rest::tensor_kinds>;
   using hosts = std::conditional_t<arg_kind<X>::is_tensor, typename rest::hosts,
                                    typename cons<std::decay_t<typename arg_kind<X>::host_type>, typename rest::hosts>::type>;
 };
 
-/// `fn` called with symbolic tensors (in tensor order) and host values (in host order),
-/// interleaved back into the function's own argument order Xs...
-template <class F, class Hosts, class... Xs>
-struct interleaved_call {
+/// Of the tensor argument kinds Ks: their element types (the graph's inputs) and layouts.
+template <class Kinds>
+struct tensor_kinds_of;
+template <class... Ks>
+struct tensor_kinds_of<std::tuple<Ks...>> {
+  using elements = std::tuple<typename arg_kind<Ks>::element_type...>;
+  using layouts = std::tuple<typename arg_kind<Ks>::layout_type...>;
+};
+
+/// `fn` called with the symbolic local values of the tensor arguments (in tensor order; each
+/// given to fn as its kind's `traced` makes of it with its layout) and host values (in host
+/// order), interleaved back into the function's own argument order Xs...; `raw` returns what
+/// fn returns.
+template <class F, class Hosts, class Layouts, class... Xs>
+struct raw_call {
   F* fn;
   const Hosts* hosts;
+  const Layouts* layouts;
 
   template <class... Syms>
-  auto operator()(const Syms&... syms) const {
+  auto raw(const Syms&... syms) const {
     using L = arg_layout<Xs...>;
     const auto tensors = std::forward_as_tuple(syms...);
     auto arg = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) -> decltype(auto) {
-      if constexpr (L::is_tensor[I]) return std::get<L::index_in_kind(I)>(tensors);
-      else return std::get<L::index_in_kind(I)>(*hosts);
+      using K = std::tuple_element_t<I, std::tuple<Xs...>>;
+      if constexpr (L::is_tensor[I])
+        return arg_kind<K>::traced(std::get<L::index_in_kind(I)>(tensors), std::get<L::index_in_kind(I)>(*layouts));
+      else
+        return std::get<L::index_in_kind(I)>(*hosts);
     };
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::invoke(*fn, arg(std::integral_constant<std::size_t, I>{})...);
     }(std::make_index_sequence<L::count>{});
+  }
+};
+
+/// What fn returns on the traced arguments of element types Es.
+template <class Raw, class Elements>
+struct raw_result;
+template <class Raw, class... Es>
+struct raw_result<Raw, std::tuple<Es...>> {
+  using type = std::remove_cvref_t<decltype(std::declval<const Raw&>().raw(std::declval<const symbolic<Es>&>()...))>;
+};
+
+/// raw_call whose result crosses the boundary (result_boundary::lower): what the graph returns,
+/// with the rest of the result (its layout) kept in `*out`.
+template <class F, class Hosts, class Layouts, class Out, class... Xs>
+struct interleaved_call : raw_call<F, Hosts, Layouts, Xs...> {
+  Out* out;
+
+  template <class... Syms>
+  auto operator()(const Syms&... syms) const {
+    auto r = this->raw(syms...);
+    return result_boundary<decltype(r)>::lower(r, *out);
   }
 };
 
@@ -227,20 +331,28 @@ struct compiled_graph_for<R, std::tuple<Ts...>> {
 }  // namespace detail
 
 /// `fn` (a generic callable, as for cg::trace) compiled per program on the rank it was made for.
-/// Xs are its arguments, in order: a tensor element type for a tensor argument, a host value
-/// type (or cg::host_arg<T>) for a host one. Made by cg::compile_function; call it on that
-/// rank's thread.
+/// Xs are its arguments, in order: a tensor element type for a tensor argument, cg::dtensor<T>
+/// for a dtensor one (with <ccgraph/dtensor.hpp>: fn is given a traced dtensor, and a dtensor
+/// it returns comes back a cg::dtensor<T> laid out as traced), a host value type (or
+/// cg::host_arg<T>) for a host one. Made by cg::compile_function; call it on that rank's thread.
 template <class F, class... Xs>
 class compiled_function {
   using types = detail::function_types<Xs...>;
   using hosts_type = typename types::hosts;
-  using call_type = detail::interleaved_call<F, hosts_type, Xs...>;
-  using graph_type = typename detail::traced_graph_of<call_type, typename types::tensors>::type;
-  using compiled_type = typename detail::compiled_graph_for<typename graph_type::result_type, typename types::tensors>::type;
+  using tensors_type = typename detail::tensor_kinds_of<typename types::tensor_kinds>::elements;
+  using layouts_type = typename detail::tensor_kinds_of<typename types::tensor_kinds>::layouts;
+  using raw_type = detail::raw_call<F, hosts_type, layouts_type, Xs...>;
+  using boundary = detail::result_boundary<typename detail::raw_result<raw_type, tensors_type>::type>;
+  using out_layout_type = typename boundary::layout_type;
+  using call_type = detail::interleaved_call<F, hosts_type, layouts_type, out_layout_type, Xs...>;
+  using graph_type = typename detail::traced_graph_of<call_type, tensors_type>::type;
+  using compiled_type = typename detail::compiled_graph_for<typename graph_type::result_type, tensors_type>::type;
 
  public:
-  /// What a call returns: what `fn` returns, with tensors for its values.
-  using result_type = typename graph_type::result_type;
+  /// What a call returns: what `fn` returns, with tensors for its values and cg::dtensor<T> for
+  /// its dtensors.
+  using result_type =
+      decltype(boundary::lift(std::declval<typename graph_type::result_type>(), std::declval<const out_layout_type&>()));
 
   compiled_function(F fn, rank_context& ctx, function_options opt)
       : fn_(std::move(fn)), ctx_(&ctx), opt_(std::move(opt)) {
@@ -254,7 +366,8 @@ class compiled_function {
   /// kept, so a later call tries again.
   result_type operator()(const detail::function_param_t<Xs>&... args) {
     const auto all = std::forward_as_tuple(args...);
-    return run(entry_for(all).compiled, all, [](const compiled_type& c, const auto&... t) { return c(t...); });
+    const entry& e = entry_for(all);
+    return boundary::lift(run(e.compiled, all, [](const compiled_type& c, const auto&... t) { return c(t...); }), e.out);
   }
 
   /// Like a call, and measures each node of the graph it runs (compiled_graph::profile): the
@@ -262,7 +375,9 @@ class compiled_function {
   /// `compiled_for(shapes)->exec().graph_ref()`. Refused in cuda_graph mode.
   profiled<result_type> profile(const detail::function_param_t<Xs>&... args) {
     const auto all = std::forward_as_tuple(args...);
-    return run(entry_for(all).compiled, all, [](const compiled_type& c, const auto&... t) { return c.profile(t...); });
+    const entry& e = entry_for(all);
+    auto p = run(e.compiled, all, [](const compiled_type& c, const auto&... t) { return c.profile(t...); });
+    return {boundary::lift(std::move(p.result), e.out), std::move(p.measured)};
   }
 
   /// Programs compiled for and kept.
@@ -273,7 +388,7 @@ class compiled_function {
   /// Calls that scheduled and compiled a new graph (counting those dropped since).
   std::size_t compiles() const noexcept { return compiles_; }
   /// The newest compiled graph kept for these input shapes (null if none), e.g. to inspect its
-  /// recording.
+  /// recording. A dtensor argument's shape here is its local shape.
   const compiled_type* compiled_for(const std::vector<shape_t>& shapes) const {
     for (auto it = cache_.rbegin(); it != cache_.rend(); ++it)
       if (it->shapes == shapes) return &it->compiled;
@@ -284,41 +399,54 @@ class compiled_function {
   struct entry {
     std::uint64_t key;
     std::vector<shape_t> shapes;
+    layouts_type layouts;
     hosts_type hosts;
     std::optional<graph_type> traced;  // under function_guard::trace: what a hit must equal
+    out_layout_type out;               // the layout of what fn returned (dtensors' placements)
     compiled_type compiled;
   };
   using layout = detail::arg_layout<Xs...>;
 
   /// The compiled graph for the arguments `all`: traced, scheduled and compiled first if the
-  /// program is new (see function_guard for what makes it new).
+  /// program is new (see function_guard for what makes it new). The tensors' local shapes and
+  /// layouts (a dtensor's mesh, placements, global shape and strides) are always in the key:
+  /// a graph does not hold what a dtensor result's layout follows from.
   template <class All>
   entry& entry_for(const All& all) {
     std::vector<shape_t> shapes;
-    hosts_type hosts = split(all, shapes);
+    layouts_type layouts;
+    hosts_type hosts = split(all, shapes, layouts, *ctx_);
     std::optional<graph_type> traced;
+    out_layout_type out{};
     detail::hasher h;
     for (const auto& s : shapes) h.add(s);
+    detail::hash_host(h, layouts);
     if (opt_.guard == function_guard::trace) {
       // The graph holds every host value the program depends on: host arguments that leave it
       // unchanged need no graph of their own.
-      traced.emplace(trace_with(hosts, shapes));
+      traced.emplace(trace_with(hosts, shapes, layouts, out));
       h.add(static_cast<std::int64_t>(structural_hash(*traced)));
+      detail::hash_host(h, out);
     } else {
       detail::hash_host(h, hosts);
     }
-    entry* hit = find(h.h, shapes, hosts, traced ? &*traced : nullptr);
-    if (!hit) hit = &add(h.h, std::move(shapes), std::move(hosts), std::move(traced));
+    entry* hit = find(h.h, shapes, layouts, hosts, traced ? &*traced : nullptr, out);
+    if (!hit) hit = &add(h.h, std::move(shapes), std::move(layouts), std::move(hosts), std::move(traced), std::move(out));
     return *hit;
   }
 
-  /// The host values of `all`, in host order; the tensors' shapes go to `shapes`.
+  /// The host values of `all`, in host order; the tensors' (local) shapes go to `shapes` and
+  /// their layouts to `layouts`, each checked against `ctx` by its kind.
   template <class All>
-  static hosts_type split(const All& all, std::vector<shape_t>& shapes) {
+  static hosts_type split(const All& all, std::vector<shape_t>& shapes, layouts_type& layouts, const rank_context& ctx) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
-            if constexpr (layout::is_tensor[I]) shapes.push_back(std::get<I>(all).shape());
+            if constexpr (layout::is_tensor[I]) {
+              using K = detail::arg_kind<std::tuple_element_t<I, std::tuple<Xs...>>>;
+              shapes.push_back(K::local(std::get<I>(all)).shape());
+              std::get<layout::index_in_kind(I)>(layouts) = K::layout(std::get<I>(all), I, ctx);
+            }
           }(),
           ...);
       return host_values(all, std::index_sequence<I...>{});
@@ -332,44 +460,51 @@ class compiled_function {
     }()...);
   }
 
-  /// Traces fn with these host values on inputs of these shapes.
-  graph_type trace_with(const hosts_type& hosts, const std::vector<shape_t>& shapes) {
-    call_type call{&fn_, &hosts};
+  /// Traces fn with these host values on inputs of these shapes and layouts; the layout of
+  /// what it returns goes to `out`.
+  graph_type trace_with(const hosts_type& hosts, const std::vector<shape_t>& shapes, const layouts_type& layouts,
+                        out_layout_type& out) {
+    call_type call{{&fn_, &hosts, &layouts}, &out};
     ++traces_;
-    using tensors = typename types::tensors;
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return trace(call, input<std::tuple_element_t<I, tensors>>(shapes[I])...);
-    }(std::make_index_sequence<std::tuple_size_v<tensors>>{});
+      return trace(call, input<std::tuple_element_t<I, tensors_type>>(shapes[I])...);
+    }(std::make_index_sequence<std::tuple_size_v<tensors_type>>{});
   }
 
-  entry* find(std::uint64_t key, const std::vector<shape_t>& shapes, const hosts_type& hosts,
-              const graph_type* traced) {
+  entry* find(std::uint64_t key, const std::vector<shape_t>& shapes, const layouts_type& layouts,
+              const hosts_type& hosts, const graph_type* traced, const out_layout_type& out) {
     for (entry& e : cache_) {
-      if (e.key != key || e.shapes != shapes) continue;
-      if (traced ? structurally_equal(*e.traced, *traced) : detail::host_equal(e.hosts, hosts)) return &e;
+      if (e.key != key || e.shapes != shapes || !detail::host_equal(e.layouts, layouts)) continue;
+      if (traced ? structurally_equal(*e.traced, *traced) && detail::host_equal(e.out, out)
+                 : detail::host_equal(e.hosts, hosts))
+        return &e;
     }
     return nullptr;
   }
 
-  entry& add(std::uint64_t key, std::vector<shape_t> shapes, hosts_type hosts, std::optional<graph_type> traced) {
+  entry& add(std::uint64_t key, std::vector<shape_t> shapes, layouts_type layouts, hosts_type hosts,
+             std::optional<graph_type> traced, out_layout_type out) {
     // The passes that change collectives agree with the other ranks through this function's
     // own rank context, whichever thread calls it.
     schedule_options so = opt_.schedule;
     if (!so.context) so.context = ctx_;
-    const graph_type g = schedule(traced ? *traced : trace_with(hosts, shapes), opt_.passes, so);
+    const graph_type g = schedule(traced ? *traced : trace_with(hosts, shapes, layouts, out), opt_.passes, so);
     compiled_type compiled(g, *ctx_, opt_.compile);
     ++compiles_;
     if (cache_.size() >= opt_.max_signatures) cache_.pop_front();
-    return cache_.emplace_back(entry{key, std::move(shapes), std::move(hosts), std::move(traced), std::move(compiled)});
+    return cache_.emplace_back(entry{key, std::move(shapes), std::move(layouts), std::move(hosts), std::move(traced),
+                                     std::move(out), std::move(compiled)});
   }
 
-  /// `call(c, tensors...)` with the tensor arguments of `all`.
+  /// `call(c, tensors...)` with the (local) tensors of the tensor arguments of `all`.
   template <class All, class Call>
   static auto run(const compiled_type& c, const All& all, Call call) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::apply([&](const auto&... t) { return call(c, t...); }, std::tuple_cat([&] {
-        if constexpr (layout::is_tensor[I]) return std::tie(std::get<I>(all));
-        else return std::tuple<>{};
+        if constexpr (layout::is_tensor[I])
+          return std::tie(detail::arg_kind<std::tuple_element_t<I, std::tuple<Xs...>>>::local(std::get<I>(all)));
+        else
+          return std::tuple<>{};
       }()...));
     }(std::make_index_sequence<layout::count>{});
   }
@@ -383,12 +518,16 @@ class compiled_function {
 };
 
 /// Compiles `fn` for the rank `ctx` per program; Xs are its arguments' kinds: a tensor element
-/// type for a tensor, a host value type (cg::host_arg<T> for a number) for a host argument:
+/// type for a tensor, cg::dtensor<T> for a dtensor (<ccgraph/dtensor.hpp>; guarded on its
+/// placements, mesh, global and local shape too), a host value type (cg::host_arg<T> for a
+/// number) for a host argument:
 ///   auto f = cg::compile_function<float>([](auto x) { ... }, ctx, {.passes = {"overlap"}});
 ///   auto y = f(x);   // traced, scheduled and compiled for x's shape on the first call
 ///   auto moe = cg::compile_function<float, std::vector<std::int64_t>, std::vector<std::int64_t>>(
 ///       [&](auto x, const auto& out_splits, const auto& in_splits) {
 ///         return cg::all_to_all_single(x, out_splits, in_splits, g); }, ctx);
+///   auto h = cg::compile_function<cg::dtensor<float>>([](auto d) { return d + d; }, ctx);
+///   auto p = h(partial_x);   // a cg::dtensor<float>, Partial as traced: no collective added
 template <class... Xs, class F>
 compiled_function<std::decay_t<F>, Xs...> compile_function(F&& fn, rank_context& ctx, function_options opt = {}) {
   static_assert(sizeof...(Xs) > 0, "compile_function: name the arguments' types, e.g. compile_function<float>(fn, ctx)");
