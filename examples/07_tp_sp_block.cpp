@@ -65,6 +65,19 @@ double rel_diff(const F& a, const F& b) {
   return worst;
 }
 
+/// Rank 0's report of an eager step: the loss beside one device's, the worst relative
+/// difference, and the collectives of each phase.
+template <class Counts>
+void print_eager(const F& loss, const F& one_device, double worst, const Counts& counts) {
+  std::cout << "  eager loss " << loss.to_vector()[0] << " (one device " << one_device.to_vector()[0]
+            << "), worst relative difference over the loss and every gradient piece " << worst << "\n";
+  for (const auto& [phase, kinds] : counts) {
+    std::cout << "  " << phase << ":";
+    for (const auto& [kind, n] : kinds) std::cout << " " << n << " " << kind;
+    std::cout << "\n";
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -129,13 +142,7 @@ int main() {
 
       if (r == 0) {
         const std::lock_guard lock(mu);
-        std::cout << "  eager loss " << loss.to_vector()[0] << " (one device " << ref[0].to_vector()[0]
-                  << "), worst relative difference over the loss and every gradient piece " << worst << "\n";
-        for (const auto& [phase, kinds] : counts) {
-          std::cout << "  " << phase << ":";
-          for (const auto& [kind, n] : kinds) std::cout << " " << n << " " << kind;
-          std::cout << "\n";
-        }
+        print_eager(loss, ref[0], worst, counts);
         const auto ops = cg::op_sequence(s);
         std::cout << "  joint graph: " << ops.size() << " nodes; after the overlap passes, collectives at:";
         for (std::size_t i = 0; i < ops.size(); ++i)
@@ -169,13 +176,7 @@ int main() {
       if (worst > 1e-4) fail("rank " + std::to_string(r) + ": FSDP differs from one device by " + std::to_string(worst));
       if (r == 0) {
         const std::lock_guard lock(mu);
-        std::cout << "  eager loss " << loss.to_vector()[0] << " (one device " << ref[0].to_vector()[0]
-                  << "), worst relative difference over the loss and every gradient piece " << worst << "\n";
-        for (const auto& [phase, kinds] : counts) {
-          std::cout << "  " << phase << ":";
-          for (const auto& [kind, n] : kinds) std::cout << " " << n << " " << kind;
-          std::cout << "\n";
-        }
+        print_eager(loss, ref[0], worst, counts);
       }
     });
   }
