@@ -14,3 +14,6 @@
 #include <ccgraph/dist/sharding.hpp>
 #include <ccgraph/dist/parallel.hpp>
 #include <ccgraph/dist/fsdp.hpp>
+// cg::dtensor<T> as a compile_function argument and result: without it, a dtensor in
+// compile_function's type list would be taken for a host value.
+#include <ccgraph/dist/compiled_dtensor.hpp>

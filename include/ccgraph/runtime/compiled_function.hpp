@@ -332,7 +332,8 @@ struct compiled_graph_for<R, std::tuple<Ts...>> {
 
 /// `fn` (a generic callable, as for cg::trace) compiled per program on the rank it was made for.
 /// Xs are its arguments, in order: a tensor element type for a tensor argument, cg::dtensor<T>
-/// for a dtensor one (with <ccgraph/dtensor.hpp>: fn is given a traced dtensor, and a dtensor
+/// for a dtensor one (with <ccgraph/dtensor.hpp> or the umbrella, which bring
+/// dist/compiled_dtensor.hpp: fn is given a traced dtensor, and a dtensor
 /// it returns comes back a cg::dtensor<T> laid out as traced), a host value type (or
 /// cg::host_arg<T>) for a host one. Made by cg::compile_function; call it on that rank's thread.
 template <class F, class... Xs>
