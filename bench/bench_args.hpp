@@ -64,14 +64,14 @@ class args {
   /// Positional argument `i` as an integer, `fallback` when absent; a word that is not one
   /// integer (or is below `min`) is a usage error naming it.
   std::int64_t integer(std::size_t i, std::int64_t fallback, std::int64_t min = 1) const {
-    if (i >= positional_.size()) return fallback;
-    const std::string& s = positional_[i];
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || errno == ERANGE || v < min)
-      fail("'" + s + "' is not an integer >= " + std::to_string(min));
-    return v;
+    return i < positional_.size() ? parse_integer(positional_[i], min) : fallback;
+  }
+
+  /// The value of `flag` as an integer, `fallback` when the flag was not given; a value that
+  /// is not one integer (or is below `min`) is a usage error naming it.
+  std::int64_t flag_integer(const std::string& flag, std::int64_t fallback, std::int64_t min = 1) const {
+    const auto v = value(flag);
+    return v ? parse_integer(*v, min, flag + " ") : fallback;
   }
 
   /// Prints `why` and the usage to stderr and exits with status 2.
@@ -82,6 +82,15 @@ class args {
   }
 
  private:
+  std::int64_t parse_integer(const std::string& s, std::int64_t min, const std::string& what = "") const {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || errno == ERANGE || v < min)
+      fail(what + "'" + s + "' is not an integer >= " + std::to_string(min));
+    return v;
+  }
+
   static bool is_number(const std::string& s) {
     return s.size() > 1 && s[0] == '-' && (std::isdigit(static_cast<unsigned char>(s[1])) != 0);
   }

@@ -13,7 +13,8 @@
 // Timing as bench_gpu_train: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
 // median of 10. Prints a table and one `RESULT <workload> <impl> <ms> ms` line per row.
 //
-// Usage: bench_gpu_block [--quick] [--timeline] [--fsdp]
+// Usage: bench_gpu_block [--quick] [--timeline] [--fsdp] [--world N]
+//   --world N    N GPUs (default: 2, or 1 where there is one)
 //   --quick      B = 1 (B = 2 with --fsdp)
 //   --timeline   after timing, GPU 0's kernels of the overlapped step from CUPTI
 //   --fsdp       the same block under FSDP instead (cg::fully_shard, examples/gpt_block.hpp's
@@ -55,7 +56,8 @@ auto compile_step(F step, cg::rank_context& ctx, cg::function_options opt, std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick] [--timeline] [--fsdp]", {"--quick", "--timeline", "--fsdp"});
+  const bench::args args(argc, argv, "[--quick] [--timeline] [--fsdp] [--world N]", {"--quick", "--timeline", "--fsdp"},
+                         {"--world"});
   const bool timeline = args.has("--timeline");
   const bool fsdp = args.has("--fsdp");
   int gpus = 0;
@@ -63,8 +65,14 @@ int main(int argc, char** argv) {
     std::printf("bench_gpu_block: no GPU\n");
     return 0;
   }
-  const int world = std::min(gpus, 2);
+  // Two GPUs unless --world says otherwise (the workload's shapes are per rank or split evenly
+  // over 1, 2, 4 or 8 ranks).
+  const int world = static_cast<int>(args.flag_integer("--world", std::min(gpus, 2)));
+  if (world > gpus) args.fail("--world " + std::to_string(world) + " needs as many GPUs; " + std::to_string(gpus) + " visible");
   const ex::gpt_config c{.batch = args.has("--quick") ? (fsdp ? 2 : 1) : 4, .seq = 2048, .dim = 4096, .heads = 32, .ffn = 16384};
+  if ((fsdp ? c.batch : c.seq) % world != 0 || c.heads % world != 0)
+    args.fail("--world " + std::to_string(world) + " must divide the " + (fsdp ? "batch (" + std::to_string(c.batch) : "sequence (" + std::to_string(c.seq)) +
+              ") and the heads (" + std::to_string(c.heads) + ")");
   const std::string workload = "gpt_block_" + std::string(fsdp ? "fsdp" : "tp") + std::to_string(world) +
                                (fsdp ? "" : "_sp") + "_B" + std::to_string(c.batch) + "_L" + std::to_string(c.seq) +
                                "_D" + std::to_string(c.dim) + "_H" + std::to_string(c.heads) + "_F" + std::to_string(c.ffn);

@@ -12,9 +12,10 @@
 //               copies them into the recording's static buffers.
 // Timing as the anchor's: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
 // median of 10. Inputs are random (randn / nn.Linear's uniform init). Prints a table and one
-// `RESULT <workload> <impl> <ms> ms` line per row; bench/compare_train.sh runs the anchor beside it.
+// `RESULT <workload> <impl> <ms> ms` line per row; bench/torch_train_reference.py is the same step in PyTorch.
 //
-// Usage: bench_gpu_train [--quick] [--timeline] [--decompose]
+// Usage: bench_gpu_train [--quick] [--timeline] [--decompose] [--world N]
+//   --world N    N GPUs (default: 2, or 1 where there is one)
 //   --quick      T = 2048, for a smoke run
 //   --decompose  a third row: in place, with decompose_matmul_collectives (4 row chunks) before
 //                the overlap passes, so that the last weight gradient's all_reduce (the step's
@@ -73,7 +74,8 @@ constexpr std::size_t n_inputs = 3 + 5;
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose]", {"--quick", "--timeline", "--decompose"});
+  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose] [--world N]", {"--quick", "--timeline", "--decompose"},
+                         {"--world"});
   const bool timeline = args.has("--timeline");
   const bool decompose = args.has("--decompose");
   int gpus = 0;
@@ -81,7 +83,10 @@ int main(int argc, char** argv) {
     std::printf("bench_gpu_train: no GPU\n");
     return 0;
   }
-  const int world = std::min(gpus, 2);
+  // Two GPUs unless --world says otherwise (the workload's shapes are per rank or split evenly
+  // over 1, 2, 4 or 8 ranks).
+  const int world = static_cast<int>(args.flag_integer("--world", std::min(gpus, 2)));
+  if (world > gpus) args.fail("--world " + std::to_string(world) + " needs as many GPUs; " + std::to_string(gpus) + " visible");
   const i64 t_rows = args.has("--quick") ? 2048 : 8192, h = 4096, f = 16384;
   const cg::optim::adamw_options opt{.lr = 1e-4};
   const std::string workload = "dp_mlp_T" + std::to_string(t_rows) + "_H" + std::to_string(h) + "_F" + std::to_string(f);

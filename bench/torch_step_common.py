@@ -46,16 +46,25 @@ def print_results(workload, world, out, prefix, loss_label):
 
 
 def main(script, worker, size_of, extra_flags=()):
-    """The command line [--quick] [--profile] plus `extra_flags` (anything else is an error), then
-    `worker(rank, world, size, profile, *extra)` on min(2, GPUs) processes, where size is
-    size_of(quick, *extra) and each extra is whether its flag was given."""
+    """The command line [--quick] [--profile] [--world N] plus `extra_flags` (anything else is an
+    error), then `worker(rank, world, size, profile, *extra)` on N processes (default min(2,
+    GPUs)), where size is size_of(quick, *extra) and each extra is whether its flag was given."""
     import torch.multiprocessing as mp
     args = sys.argv[1:]
+    usage = f"usage: {script} " + " ".join(f"[{k}]" for k in ("--quick", "--profile", "--world N") + tuple(extra_flags))
+    world = min(2, torch.cuda.device_count())
+    if "--world" in args:
+        i = args.index("--world")
+        if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) < 1:
+            sys.exit(f"{script}: --world needs a positive integer; {usage}")
+        if int(args[i + 1]) > torch.cuda.device_count():
+            sys.exit(f"{script}: --world {args[i + 1]} needs as many GPUs; {torch.cuda.device_count()} visible")
+        world = int(args[i + 1])
+        del args[i:i + 2]
     known = ("--quick", "--profile") + tuple(extra_flags)
     unknown = [a for a in args if a not in known]
     if unknown:
-        sys.exit(f"{script}: unknown argument(s) {unknown}; usage: " + " ".join(f"[{k}]" for k in known))
-    world = min(2, torch.cuda.device_count())
+        sys.exit(f"{script}: unknown argument(s) {unknown}; {usage}")
     if world < 1:
         print(f"{script}: no GPU")
         sys.exit(0)
