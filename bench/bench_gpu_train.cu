@@ -17,9 +17,10 @@
 // Usage: bench_gpu_train [--quick] [--timeline] [--decompose] [--world N]
 //   --world N    N GPUs (default: 2, or 1 where there is one)
 //   --quick      T = 2048, for a smoke run
-//   --decompose  a third row: in place, with decompose_matmul_collectives (4 row chunks) before
-//                the overlap passes, so that the last weight gradient's all_reduce (the step's
-//                exposed tail) overlaps its own GEMM's remaining chunks
+//   --decompose  two more rows: in place, with decompose_matmul_collectives (4 row chunks)
+//                before the overlap passes, so that the last weight gradient's all_reduce (the
+//                step's exposed tail) overlaps its own GEMM's remaining chunks: every gradient
+//                split, and only those the cost model predicts exposed (decompose_only_exposed)
 //   --timeline   after timing, GPU 0's kernels of the in-place step from CUPTI (cupti_timeline.hpp):
 //                where the step's time goes, to read beside torch_train_reference.py --profile
 #include <ccgraph/cuda.hpp>
@@ -90,10 +91,10 @@ int main(int argc, char** argv) {
   const i64 t_rows = args.has("--quick") ? 2048 : 8192, h = 4096, f = 16384;
   const cg::optim::adamw_options opt{.lr = 1e-4};
   const std::string workload = "dp_mlp_T" + std::to_string(t_rows) + "_H" + std::to_string(h) + "_F" + std::to_string(f);
-  const char* names[] = {"in_place", "functional", "in_place_decomposed"};
-  const int rows = decompose ? 3 : 2;
-  std::vector<double> ms(3, 0.0);
-  std::vector<double> loss(3, 0.0);
+  const char* names[] = {"in_place", "functional", "in_place_decomposed", "in_place_decomposed_exposed"};
+  const int rows = decompose ? 4 : 2;
+  std::vector<double> ms(4, 0.0);
+  std::vector<double> loss(4, 0.0);
   if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
     cg::generator gen(1234, static_cast<std::uint64_t>(ctx.rank()));  // each rank its own batch
@@ -109,10 +110,12 @@ int main(int argc, char** argv) {
       cg::compile_options co{.cuda_graph = true, .static_outputs = true};
       if (in_place) co.update_inputs = cg::update_inputs_range(1, 1, n_inputs - 1);
       std::vector<std::string> passes{"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
-      if (row == 2) passes.insert(passes.begin(), "decompose_matmul_collectives");  // (cg::schedule's order)
+      if (row >= 2) passes.insert(passes.begin(), "decompose_matmul_collectives");  // (cg::schedule's order)
+      cg::schedule_options so;
+      so.decompose_only_exposed = row == 3;
       auto step = cg::compile_function<bf, bf, bf, bf, bf, bf, bf, float>(
           train_step(opt, ctx.world()), ctx,
-          {.passes = passes, .compile = co, .guard = cg::function_guard::arguments});
+          {.passes = passes, .schedule = so, .compile = co, .guard = cg::function_guard::arguments});
       T last_loss;
       auto one = [&] {
         auto out = step(x, w[0], w[1], st[0], st[1], st[2], st[3], count);

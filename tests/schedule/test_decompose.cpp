@@ -121,7 +121,7 @@ TEST_CASE("decompose.weight_gradients_under_their_all_reduce") {
   // Data parallelism: a weight used as w.transpose(0, 1) gets its gradient from matmul's rule
   // as a transpose that the transpose's rule turns back (folded at trace time), so the
   // gradient's all_reduce reads the weight-gradient matmul itself and splits into row chunks.
-  const std::int64_t t = 16, h = 8, f = 12;
+  const std::int64_t t = 16, h = 8, f = 16;  // row chunks of whole 64-byte blocks: the cats elide
   auto step = [](cg::group world) {
     return [world](auto x, auto w1, auto w2) {
       using V = decltype(x);
@@ -139,7 +139,8 @@ TEST_CASE("decompose.weight_gradients_under_their_all_reduce") {
     auto d = g;
     cg::decompose_matmul_collectives(d, 4, &ctx);
     cg::lint(d);
-    const bool split = d.count("all_reduce") == 8 && d.count("cat") == 2;
+    // Each gradient's chunks and their all_reduces are computed into the cat's slices.
+    const bool split = d.count("all_reduce") == 8 && d.count("cat") == 2 && cg::plan_memory(d).elided_cats.size() == 2;
     const auto x = cg::uniform<float>({t, h}, -1, 1, 1 + static_cast<std::uint64_t>(ctx.rank()));
     const auto w1 = cg::uniform<float>({f, h}, -1, 1, 7), w2 = cg::uniform<float>({h, f}, -1, 1, 8);
     const auto [l0, a0, b0] = cg::compile(g, ctx)(x, w1, w2);
@@ -148,6 +149,63 @@ TEST_CASE("decompose.weight_gradients_under_their_all_reduce") {
                                                a0.to_vector() == a1.to_vector() && b0.to_vector() == b1.to_vector();
   });
   CHECK(ok == std::vector<int>{1, 1});
+}
+
+TEST_CASE("decompose.only_exposed.the_last_gradient") {
+  // A data-parallel step: w2's gradient (the backward's first) has its all_reduce traced first
+  // and can run beside the rest of the backward (gelu's backward and w1's gradient matmul); w1's
+  // beside nothing. With only_exposed, only w1's splits.
+  const std::int64_t t = 16, h = 8, f = 16;
+  auto step = [](cg::group world) {
+    return [world](auto x, auto w1, auto w2) {
+      using V = decltype(x);
+      auto loss = [](const auto& xx, const auto& a, const auto& b) {
+        return cg::sum(cg::matmul(cg::gelu(cg::matmul(xx, a.transpose(0, 1))), b.transpose(0, 1)));
+      };
+      auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
+      auto r2 = V(cg::all_reduce(g2, "avg", world));  // traced first
+      auto r1 = V(cg::all_reduce(g1, "avg", world));
+      return std::make_tuple(V(l), r1, r2);
+    };
+  };
+  // A matmul costs 20, an all_reduce 15, the rest 1.
+  const cg::runtime_estimator cost = [](const cg::node& n) {
+    return n.op() == "matmul" ? 20.0 : n.is_collective() ? 15.0 : 1.0;
+  };
+  std::vector<int> ok(2, 0);
+  cg::run_threads(2, [&](cg::rank_context& ctx) {
+    const auto g = cg::trace(step(ctx.world()), cg::input<float>({t, h}), cg::input<float>({f, h}),
+                             cg::input<float>({h, f}));
+    std::vector<bool> hidden;
+    for (const cg::node* n : g.nodes())
+      if (n->op() == "all_reduce") hidden.push_back(cg::detail::hidden_by_compute_beside(g, *n, cost));
+    auto d = g;
+    cg::decompose_matmul_collectives(d, cg::decompose_options{.chunks = 4, .only_exposed = cost}, &ctx);
+    cg::lint(d);
+    const bool split = hidden == std::vector<bool>{true, false} && d.count("all_reduce") == 5 && d.count("cat") == 1;
+    // Every cost high enough hides nothing: both split, as without the option.
+    auto all = g;
+    cg::decompose_matmul_collectives(all, cg::decompose_options{.chunks = 4, .only_exposed = [](const cg::node& n) {
+      return n.is_collective() ? 1e9 : 1.0;
+    }}, &ctx);
+    const auto x = cg::uniform<float>({t, h}, -1, 1, 1 + static_cast<std::uint64_t>(ctx.rank()));
+    const auto w1 = cg::uniform<float>({f, h}, -1, 1, 7), w2 = cg::uniform<float>({h, f}, -1, 1, 8);
+    const auto [l0, a0, b0] = cg::compile(g, ctx)(x, w1, w2);
+    const auto [l1, a1, b1] = cg::compile(d, ctx)(x, w1, w2);
+    ok[static_cast<std::size_t>(ctx.rank())] = split && all.count("all_reduce") == 8 && l0.to_vector() == l1.to_vector() &&
+                                               a0.to_vector() == a1.to_vector() && b0.to_vector() == b1.to_vector();
+  });
+  CHECK(ok == std::vector<int>{1, 1});
+  // Through cg::schedule: the option with the schedule's estimator.
+  const auto g = cg::trace(ccgraph_test::world(2), step(cg::group{std::vector<int>{0, 1}}), cg::input<float>({t, h}),
+                           cg::input<float>({f, h}), cg::input<float>({h, f}));
+  cg::schedule_options so;
+  so.estimate_runtime = cost;
+  so.decompose_only_exposed = true;
+  so.agreement = cg::collective_agreement::spmd;
+  CHECK(cg::schedule(g, {"decompose_matmul_collectives"}, so).count("all_reduce") == 5);
+  so.decompose_only_exposed = false;
+  CHECK(cg::schedule(g, {"decompose_matmul_collectives"}, so).count("all_reduce") == 8);
 }
 
 TEST_CASE("decompose.row_broadcast_inputs.stay_whole") {

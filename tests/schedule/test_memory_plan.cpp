@@ -192,6 +192,150 @@ TEST_CASE("memory_plan.steal.never_a_value_read_later") {
   }, threads_opts());
 }
 
+TEST_CASE("memory_plan.cat.inputs_computed_into_their_slices") {
+  // A decomposed matmul's pattern: row chunks, each all_reduced (in place) and joined by a cat.
+  // The chunks and their all_reduces are computed into the cat's slices; the cat copies nothing.
+  auto f = [](auto x, auto w) {
+    using V = decltype(x);
+    std::vector<V> parts;
+    for (int i = 0; i < 3; ++i)
+      parts.push_back(V(cg::wait_tensor(cg::all_reduce(cg::matmul(x.narrow(0, 4 * i, 4), w), "sum", "0"))));
+    return cg::eval(cg::cat(parts, 0) * 2.f);
+  };
+  auto g = cg::trace(world(2), f, cg::input<float>({12, 8}), cg::input<float>({8, 16}));
+  const auto p = cg::plan_memory(g);
+  REQUIRE(plan_ok(p, g));
+  REQUIRE(p.elided_cats.size() == 1);
+  const std::size_t cat = pos_of(g, "cat");
+  CHECK(p.elided_cats[0].position == cat);
+  CHECK(p.elided_cats[0].slices == std::vector<std::int64_t>{0, 256, 512});
+  CHECK(p.elided_at(cat) == &p.elided_cats[0]);
+  CHECK(p.elided_at(cat + 1) == nullptr);
+  CHECK(p.num_steals() == 3);  // each all_reduce in its matmul's slice
+  const cg::planned_buffer* whole = p.buffer_at(cat);
+  REQUIRE(whole != nullptr);
+  std::size_t inside = 0;
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (g.nodes()[i]->op() == "matmul") {
+      const cg::planned_buffer* b = p.buffer_at(i);
+      REQUIRE(b != nullptr);
+      CHECK(b->parent == static_cast<int>(whole - p.buffers.data()));
+      CHECK(b->offset == whole->offset + b->offset_in_parent);
+      CHECK(b->offset_in_parent == 256 * static_cast<std::int64_t>(inside++));
+      CHECK(p.buffer_at(i + 1) == b);  // the all_reduce reduces in place into its slice
+    }
+  CHECK(inside == 3);
+  CHECK(whole->first < cat);  // live from the first chunk's write
+  CHECK(contains(cg::to_string(p), "1 elided cat"));
+  CHECK(contains(cg::to_string(p), " at +256"));
+  // Without elision the chunks need their own bytes beside the cat's.
+  const auto apart = cg::plan_memory(g, {.elide_cats = false});
+  CHECK(plan_ok(apart, g));
+  CHECK(apart.elided_cats.empty());
+  CHECK(p.arena_bytes <= apart.arena_bytes);
+
+  cg::run_threads(2, [&](cg::rank_context& ctx) {
+    auto plain = cg::compile(g, ctx, {.memory_plan = false});
+    auto planned = cg::compile(g, ctx);
+    REQUIRE(planned.exec().plan() != nullptr);
+    CHECK(planned.exec().plan()->elided_cats.size() == 1);
+    for (int call = 0; call < 3; ++call) {
+      const auto x = cg::uniform<float>({12, 8}, -1, 1, 5 + static_cast<std::uint64_t>(ctx.rank() + 2 * call));
+      const auto w = cg::uniform<float>({8, 16}, -1, 1, 40 + static_cast<std::uint64_t>(call));
+      CHECK(planned(x, w).to_vector() == plain(x, w).to_vector());
+    }
+  }, threads_opts());
+}
+
+TEST_CASE("memory_plan.cat.kept_when_its_inputs_cannot_move") {
+  auto elided = [](auto f, auto... in) {
+    auto g = cg::trace(world(2), f, in...);
+    const auto p = cg::plan_memory(g);
+    CHECK(plan_ok(p, g));
+    return p.elided_cats.size();
+  };
+  const auto a = cg::input<float>({4, 16}), b = cg::input<float>({4, 16});
+  // The baseline: two computed blocks of whole 64-byte multiples.
+  CHECK(elided([](auto x, auto y) { return cg::eval(cg::cat({cg::eval(x + 1.f), cg::eval(y + 1.f)}, 0) * 2.f); }, a, b) == 1);
+  // An input read after the cat keeps its own bytes (and the cat its copy).
+  CHECK(elided([](auto x, auto y) {
+    auto u = cg::eval(x + 1.f);
+    auto joined = cg::eval(cg::cat({u, cg::eval(y + 1.f)}, 0) * 2.f);
+    auto later = cg::eval(u * 3.f);  // traced after the cat
+    return std::make_tuple(joined, later);
+  }, a, b) == 0);
+  // A graph input is the caller's memory.
+  CHECK(elided([](auto x, auto y) { return cg::eval(cg::cat({x, cg::eval(y + 1.f)}, 0) * 2.f); }, a, b) == 0);
+  // A view of part of a value is not its buffer.
+  CHECK(elided([](auto x, auto y) {
+    auto u = cg::eval(x + 1.f);
+    return cg::eval(cg::cat({u.narrow(0, 0, 2), cg::eval(y + 1.f)}, 0) * 2.f);
+  }, a, b) == 0);
+  // The same value twice would need two places.
+  CHECK(elided([](auto x, auto) {
+    auto u = cg::eval(x + 1.f);
+    return cg::eval(cg::cat({u, u}, 0) * 2.f);
+  }, a, b) == 0);
+  // Along an inner dim the inputs interleave in the output.
+  CHECK(elided([](auto x, auto y) { return cg::eval(cg::cat({cg::eval(x + 1.f), cg::eval(y + 1.f)}, 1) * 2.f); }, a, b) == 0);
+  // ... unless every dim before it has one element.
+  CHECK(elided([](auto x, auto y) {
+    return cg::eval(cg::cat({cg::eval(x + 1.f).reshape({1, 4, 16}).contiguous(), cg::eval(y + 1.f).reshape({1, 4, 16}).contiguous()}, 1) * 2.f);
+  }, a, b) == 1);
+  // A slice that would start inside a 64-byte block (3 floats of 4 bytes).
+  CHECK(elided([](auto x, auto y) { return cg::eval(cg::cat({cg::eval(x + 1.f), cg::eval(y + 1.f)}, 0) * 2.f); },
+               cg::input<float>({1, 3}), cg::input<float>({1, 3})) == 0);
+  // A cat of an elided cat nests: the inner one lies in the outer's buffer.
+  auto nested = cg::trace(world(2), [](auto x, auto y) {
+    auto inner = cg::cat({cg::eval(x + 1.f), cg::eval(y + 1.f)}, 0);
+    return cg::eval(cg::cat({inner, cg::eval(x * 3.f)}, 0) * 2.f);
+  }, a, b);
+  const auto np = cg::plan_memory(nested);
+  CHECK(plan_ok(np, nested));
+  CHECK(np.elided_cats.size() == 2);
+  cg::run_threads(2, [&](cg::rank_context& ctx) {
+    const auto x = cg::uniform<float>({4, 16}, -1, 1, 3), y = cg::uniform<float>({4, 16}, -1, 1, 4);
+    CHECK(cg::compile(nested, ctx)(x, y).to_vector() == cg::compile(nested, ctx, {.memory_plan = false})(x, y).to_vector());
+  }, threads_opts());
+}
+
+TEST_CASE("memory_plan.cat.check_refuses_a_wrong_layout") {
+  auto g = cg::trace(world(2), [](auto x, auto y) {
+    return cg::eval(cg::cat({cg::eval(x + 1.f), cg::eval(y + 1.f)}, 0) * 2.f);
+  }, cg::input<float>({4, 16}), cg::input<float>({4, 16}));
+  auto p = cg::plan_memory(g);
+  REQUIRE(p.elided_cats.size() == 1);
+  std::string why;
+  auto swapped = p;
+  std::swap(swapped.elided_cats[0].slices[0], swapped.elided_cats[0].slices[1]);
+  CHECK_FALSE(swapped.check(g, &why));
+  CHECK(contains(why, "is elided but its input 0"));
+  auto moved = p;
+  for (auto& b : moved.buffers)
+    if (b.parent >= 0) b.offset += 64;
+  CHECK_FALSE(moved.check(g, &why));
+  CHECK(contains(why, "is not inside its parent buffer"));
+  auto orphan = p;
+  orphan.elided_cats.clear();
+  CHECK_FALSE(orphan.check(g, &why));
+  CHECK(contains(why, "but no elided cat reads it"));
+}
+
+TEST_CASE("executor.laid_out_in") {
+  auto arena = cg::detail::storage::allocate(cg::device::cpu(), 1024);
+  const cg::tensor_meta whole{cg::dtype::f32, {8, 4}}, half{cg::dtype::f32, {4, 4}};
+  const auto out = cg::detail::arena_tensor(arena, whole, 128);
+  const auto a = cg::detail::arena_tensor(arena, half, 128), b = cg::detail::arena_tensor(arena, half, 192);
+  CHECK(cg::detail::laid_out_in(out, {a, b}, {0, 64}));
+  CHECK_FALSE(cg::detail::laid_out_in(out, {b, a}, {0, 64}));
+  CHECK_FALSE(cg::detail::laid_out_in(out, {a}, {0, 64}));
+  // Elsewhere (another storage) or strided: the cat must run.
+  const auto other = cg::detail::arena_tensor(cg::detail::storage::allocate(cg::device::cpu(), 1024), half, 192);
+  CHECK_FALSE(cg::detail::laid_out_in(out, {a, other}, {0, 64}));
+  const cg::tensor<float> t = std::get<cg::tensor<float>>(b);
+  CHECK_FALSE(cg::detail::laid_out_in(out, {a, cg::any_tensor(t.transpose(0, 1))}, {0, 64}));
+}
+
 TEST_CASE("memory_plan.reuse.pointwise_chain") {
   auto g = cg::trace(world(1), [](auto a) {
     auto x = cg::eval(a + 1.f);

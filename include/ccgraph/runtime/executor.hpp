@@ -118,6 +118,12 @@ struct memory_span {
 };
 CCGRAPH_DECL memory_span span_of(const any_tensor& t);
 
+/// True when each of `in` is contiguous, done and found at byte `slices[i]` of `out`'s
+/// storage past `out`'s first byte: an elided cat's inputs (memory_plan::elided_cats) are then
+/// its output already. Anything else (a backend that put its result elsewhere) and the cat runs.
+CCGRAPH_DECL bool laid_out_in(const any_tensor& out, const std::vector<any_tensor>& in,
+                              const std::vector<std::int64_t>& slices);
+
 /// A tensor of meta `m` at byte `offset` of `arena` (contiguous).
 CCGRAPH_DECL any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset);
 
@@ -622,7 +628,12 @@ class basic_executor {
         outs.clear();
         if (direct) outs.push_back(t);
       }
-      {
+      if (const elided_cat* c = plan_ ? plan_->elided_at(i) : nullptr;
+          c && outs.size() == 1 && detail::laid_out_in(outs[0], in, c->slices)) {
+        // A cat whose inputs were computed into its output's slices: nothing to copy.
+        if (prof) prof->before(i), prof->after(i, nullptr);
+        env[i] = outs;
+      } else {
         detail::nvtx_range range(nvtx_rt_, nvtx_rt_ ? nvtx_[i] : nullptr);
         if (prof) {
           detail::work_ptr launched;

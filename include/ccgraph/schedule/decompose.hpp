@@ -25,6 +25,7 @@
 #include <ccgraph/comm/rank_context.hpp>
 #include <ccgraph/schedule/agreement.hpp>
 #include <ccgraph/schedule/rewrite.hpp>
+#include <ccgraph/schedule/timeline.hpp>
 
 namespace ccgraph {
 namespace detail {
@@ -94,6 +95,12 @@ CCGRAPH_DECL void decompose_rows_then_collective(graph& g, const decomposition& 
 /// r's rows of chunk 0, of chunk 1, ...) with narrow and one cat.
 CCGRAPH_DECL void decompose_gather_then_rows(graph& g, const decomposition& d, int chunks, placements& at);
 
+/// Whether collective `c` can be hidden in `g`'s current order, by `estimate`: the compute
+/// between the producer of its latest input (where raise_comms can issue it) and the first
+/// node that reads its result (through its wait: where sink_waits waits for it) takes at least
+/// as long as the collective itself. Such a collective gains nothing from being split.
+CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const runtime_estimator& estimate);
+
 /// The collectives decompose_matmul_collectives may split, from the collective alone (so every
 /// member of its group sees alike): all_reduce, reduce_scatter_tensor and all_gather_into_tensor
 /// of one 2-d input.
@@ -125,6 +132,24 @@ CCGRAPH_DECL bool decomposable(const node& c);
 /// with `ctx` null the pass decides from `g` alone, which is right when every rank schedules the
 /// same program (collective_agreement). O((V + E) log V).
 CCGRAPH_DECL void decompose_matmul_collectives(graph& g, int chunks, rank_context* ctx = detail::current_rank_ptr());
+
+/// How decompose_matmul_collectives chooses what to split.
+struct decompose_options {
+  /// Row chunks per split.
+  int chunks = 4;
+  /// When set, split only the collectives it predicts exposed: those that the compute between
+  /// their input's producer and the first reader of their result (in the current order) would
+  /// not hide (detail::hidden_by_compute_beside). A data-parallel step's earlier gradients, hidden
+  /// behind the rest of the backward, then stay whole, and only the last one splits. Unset:
+  /// every match splits.
+  runtime_estimator only_exposed{};
+};
+
+/// decompose_matmul_collectives(g, opt.chunks, ctx), splitting only what `opt` selects. What a
+/// rank selects is its own (its costs and order): the members of each group agree as for any
+/// match, so a collective splits only where every member selects it.
+CCGRAPH_DECL void decompose_matmul_collectives(graph& g, const decompose_options& opt,
+                                               rank_context* ctx = detail::current_rank_ptr());
 
 }  // namespace ccgraph
 

@@ -8,6 +8,10 @@
 // caller's), views and waits (they alias their input and extend its lifetime to their own last
 // use), and whatever derives from a graph input without a copy the plan can foresee.
 //
+// A cat along its outermost dim whose inputs nothing else reads from the cat on has them computed
+// straight into its output's slices (XLA's and TVM's in-place concatenation): the chunks of a
+// decomposed matmul and their collectives then write where the cat would have copied them.
+//
 // Lifetimes are closed intervals of positions in the order. A collective reads its inputs and
 // writes its outputs on the communication worker until its wait, so its inputs live until its
 // last wait and its outputs from the collective on; an output returned un-waited (and the
@@ -67,6 +71,9 @@ struct memory_plan_options {
   /// update_inputs). Each one that can be computed straight into its input's memory (see
   /// detail::in_place_update_sites) gets no buffer: memory_plan::updates_in_place lists it.
   std::vector<input_update> update_inputs{};
+  /// Lay the inputs of a cat out inside its output (detail::elidable_cat says when), so that
+  /// the cat copies nothing: each input is computed straight into its slice.
+  bool elide_cats = true;
 };
 
 /// An updated result (memory_plan_options::update_inputs) that its node writes straight into
@@ -86,6 +93,19 @@ struct planned_buffer {
   std::size_t last = 0;     // the last position that reads it (inclusive)
   std::vector<planned_value> values;
   bool is_output = false;   // a graph output aliases it (it outlives the run)
+  /// A buffer laid out inside another: the slice of buffer `parent`'s elided cat that this
+  /// buffer's value is (`offset` is then parent's offset + offset_in_parent, and the
+  /// parent's interval covers this one's). -1: a block of the arena of its own.
+  int parent = -1;
+  std::int64_t offset_in_parent = 0;
+};
+
+/// A cat whose inputs were computed into its output's buffer (memory_plan_options::
+/// elide_cats): the node at `position` copies nothing when input i is found at byte
+/// `slices[i]` of its output.
+struct elided_cat {
+  std::size_t position = 0;
+  std::vector<std::int64_t> slices;
 };
 
 /// Where every intermediate value of a graph lives: an arena of `arena_bytes` bytes, and for
@@ -118,6 +138,15 @@ struct memory_plan {
   /// tensor passed as that input (when it is contiguous; else into memory of their own, and
   /// copies them after the run).
   std::vector<planned_update> updates_in_place;
+  /// The cats whose inputs live in their output's buffer, by position.
+  std::vector<elided_cat> elided_cats;
+
+  /// The elided cat at `position`, or null.
+  const elided_cat* elided_at(std::size_t position) const {
+    const auto it = std::lower_bound(elided_cats.begin(), elided_cats.end(), position,
+                                     [](const elided_cat& c, std::size_t p) { return c.position < p; });
+    return it != elided_cats.end() && it->position == position ? &*it : nullptr;
+  }
 
   /// The input that output `index` of the node at `position` is written into (an entry of
   /// updates_in_place), or null.
@@ -152,7 +181,9 @@ struct memory_plan {
   /// the values in it (uses through views and waits, collectives until their waits, graph
   /// outputs to the end); a value reduced in place is read by nothing but its all_reduce after
   /// that all_reduce is issued and is not a graph output; and no two buffers live at the same
-  /// position share a byte. Returns false, with the reason in `*why`, if anything fails.
+  /// position share a byte, but for a buffer laid out inside an elided cat's, where it lies
+  /// in its slice and is read by nothing after the cat. Returns false, with the reason in
+  /// `*why`, if anything fails.
   bool check(const graph& g, std::string* why = nullptr) const;
 };
 
@@ -338,6 +369,10 @@ struct value_plan {
   /// Per buffer: its bytes and live interval.
   std::vector<pack_item> items;
 };
+
+/// Sets the offset of each buffer laid out in an elided cat's (planned_buffer::parent) from its
+/// parent's, once the buffers without a parent are packed.
+CCGRAPH_DECL void place_in_parents(memory_plan& plan);
 
 /// The buffers, lifetimes and steals of plan_memory for `g` in its current order (see value_plan).
 CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, const memory_plan_options& opt);

@@ -40,6 +40,9 @@ struct schedule_options {
   std::int64_t bucket_cap_bytes = 25 << 20;
   /// Row chunks `decompose_matmul_collectives` splits a matmul + collective into.
   int decompose_chunks = 4;
+  /// `decompose_matmul_collectives` splits only collectives the estimator predicts exposed
+  /// (decompose_options::only_exposed): not those the compute before their first reader hides.
+  bool decompose_only_exposed = false;
   /// The time budget and memory measure of `recompute_pointwise`.
   recompute_options recompute{};
   /// How `bucket_collectives` and `decompose_matmul_collectives` keep each group's collectives

@@ -48,6 +48,18 @@ CCGRAPH_DECL memory_span span_of(const any_tensor& t) {
   }, t);
 }
 
+CCGRAPH_DECL bool laid_out_in(const any_tensor& out, const std::vector<any_tensor>& in,
+                              const std::vector<std::int64_t>& slices) {
+  if (in.size() != slices.size()) return false;
+  const memory_span whole = span_of(out);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const bool dense = ::ccgraph::detail::visit([](const auto& x) { return x.is_contiguous() && !x.pending_work(); }, in[i]);
+    const memory_span s = span_of(in[i]);
+    if (!dense || !s.storage || s.storage != whole.storage || s.begin != whole.begin + slices[i]) return false;
+  }
+  return true;
+}
+
 CCGRAPH_DECL any_tensor arena_tensor(const std::shared_ptr<storage>& arena, const tensor_meta& m, std::int64_t offset) {
   return visit_any_dtype(m.dtype, [&](auto tag) -> any_tensor {
     using T = decltype(tag);

@@ -238,6 +238,30 @@ CCGRAPH_DECL void decompose_gather_then_rows(graph& g, const decomposition& d, i
   g.replace_all_uses({tail, 0}, {joined, 0});
 }
 
+CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const runtime_estimator& estimate) {
+  // The first reader of the collective's result: of its waits' results (or its own outputs).
+  std::size_t first = g.size();
+  for (const node* u : c.users()) {
+    if (!u->is_wait()) {
+      first = std::min(first, g.position(u));
+      continue;
+    }
+    for (const node* r : u->users()) first = std::min(first, g.position(r));
+  }
+  // From its latest input's producer on: where raise_comms can issue it (order is program
+  // order here: the passes that move collectives run after this one).
+  std::size_t from = 0;
+  for (const value_ref& a : c.args()) from = std::max(from, g.position(a.src) + 1);
+  double beside = 0;
+  const auto& nodes = g.nodes();
+  for (std::size_t p = from; p < first; ++p) {
+    const node* v = nodes[p];
+    if (v->is_collective() || v->is_wait() || std::holds_alternative<ops::output>(v->kind())) continue;
+    beside += estimate(*v);
+  }
+  return beside >= estimate(c);
+}
+
 CCGRAPH_DECL bool decomposable(const node& c) {
   const bool kind = c.is_collective() && c.args().size() == 1 && collective_family(c) != bucket_family::none;
   return kind && c.args().size() == 1 && c.args().front().src->shape(c.args().front().index).size() == 2;
@@ -246,6 +270,11 @@ CCGRAPH_DECL bool decomposable(const node& c) {
 }  // namespace detail
 
 CCGRAPH_DECL void decompose_matmul_collectives(graph& g, int chunks, rank_context* ctx) {
+  decompose_matmul_collectives(g, decompose_options{.chunks = chunks}, ctx);
+}
+
+CCGRAPH_DECL void decompose_matmul_collectives(graph& g, const decompose_options& opt, rank_context* ctx) {
+  const int chunks = opt.chunks;
   // A value nothing reads (a view tracing left behind) would count as a second reader of the
   // matmul it views and keep that matmul whole. (Collectives are never removed: every member
   // still sees the same ones.)
@@ -264,6 +293,7 @@ CCGRAPH_DECL void decompose_matmul_collectives(graph& g, int chunks, rank_contex
   for (std::size_t i = 0; i < comms.size() && chunks >= 2; ++i) {
     node* c = comms[i];
     if (!detail::decomposable(*c)) continue;
+    if (opt.only_exposed && detail::hidden_by_compute_beside(g, *c, opt.only_exposed)) continue;
     found[i] = detail::collective_family(*c) == bucket_family::all_gather
                    ? detail::match_gather_then_rows(c, chunks)
                    : detail::match_rows_then_collective(g, c, chunks);
@@ -278,7 +308,7 @@ CCGRAPH_DECL void decompose_matmul_collectives(graph& g, int chunks, rank_contex
     for (std::size_t i : gf.members) gf.proposes = gf.proposes || detail::decomposable(*comms[i]);
     if (!gf.proposes) continue;
     for (std::size_t i : gf.members) gf.facts.push_back(found[i] ? 0 : 1);
-    if (ctx) gf.hash = detail::collectives_hash(comms, gf.members, "decompose_matmul_collectives", {chunks});
+    if (ctx) gf.hash = detail::collectives_hash(comms, gf.members, "decompose_matmul_collectives", {chunks, opt.only_exposed ? 1 : 0});
   }
   detail::agree_on_groups(ctx, "decompose_matmul_collectives", groups);
 

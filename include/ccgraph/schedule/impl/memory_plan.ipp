@@ -281,6 +281,14 @@ CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, cons
   return site;
 }
 
+CCGRAPH_DECL void place_in_parents(memory_plan& plan) {
+  // A parent comes after its members: from the last buffer down, each parent is placed first.
+  for (std::size_t b = plan.buffers.size(); b-- > 0;) {
+    planned_buffer& buf = plan.buffers[b];
+    if (buf.parent >= 0) buf.offset = plan.buffers[static_cast<std::size_t>(buf.parent)].offset + buf.offset_in_parent;
+  }
+}
+
 CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, const memory_plan_options& opt) {
   const auto& nodes = g.nodes();
   const std::size_t n = nodes.size();
@@ -343,6 +351,46 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
     return id;
   };
 
+  // Per buffer: the elided cat's buffer it is laid out in and its byte offset there (-1: none).
+  std::vector<std::pair<int, std::int64_t>> parent_of;
+  // Whether cat `nd` at p can have its inputs laid out in its output, and where (byte offsets
+  // into it, in `slices`; their buffers in `members`). It can when it joins along its outermost
+  // dim of more than one element (every input is then one contiguous block of the output), and
+  // each input is the whole of a planned buffer of its own (no view of a part, no graph input),
+  // of the cat's dtype, in no other cat's output, read by nothing but this cat from here on
+  // (so moving it changes no other reader, and no later all_reduce reduces into it), and
+  // starting at a multiple of the alignment.
+  auto elidable = [&](const node* nd, std::size_t p, std::int64_t dim, std::vector<int>& members,
+                      std::vector<std::int64_t>& slices) {
+    const shape_t& s = nd->shape();
+    const auto rank = static_cast<std::int64_t>(s.size());
+    const std::int64_t d = dim < 0 ? dim + rank : dim;
+    if (d < 0 || d >= rank || nd->args().size() < 2) return false;
+    for (std::int64_t k = 0; k < d; ++k)
+      if (s[static_cast<std::size_t>(k)] != 1) return false;
+    std::int64_t at = 0;
+    for (const value_ref& a : nd->args()) {
+      const std::size_t q = g.position(a.src);
+      const int src = producer_of[q][static_cast<std::size_t>(a.index)];
+      if (src < 0) return false;
+      const planned_producer& pr = producers[static_cast<std::size_t>(src)];
+      const detail::layout& l = layout_of[q][static_cast<std::size_t>(a.index)];
+      if (!l.is_contiguous() || l.storage_offset() != 0 || numel_of(l.shape()) != numel_of(pr.meta.shape) ||
+          pr.meta.dtype != nd->dtype())
+        return false;
+      const int b = pr.buffer;
+      if (parent_of.size() > static_cast<std::size_t>(b) && parent_of[static_cast<std::size_t>(b)].first >= 0)
+        return false;
+      if (std::find(members.begin(), members.end(), b) != members.end()) return false;
+      if (buffer_readers[static_cast<std::size_t>(b)].read_at_or_after(p, nd)) return false;
+      if (at % opt.alignment != 0) return false;
+      members.push_back(b);
+      slices.push_back(at);
+      at += detail::value_bytes(pr.meta);
+    }
+    return true;
+  };
+
   // Updated results computed straight into their inputs: the caller's memory, like the
   // inputs themselves (no buffer; views of them are never planned either).
   std::vector<int> update_at(n, -1);
@@ -378,6 +426,19 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
       layout_of[p][0] = nd->is_wait() ? l : detail::view_layout(*nd, l);
       add_alias(src, {const_cast<node*>(nd), 0});
       continue;
+    }
+    if (const auto* c = std::get_if<ops::cat>(&nd->kind()); c && opt.elide_cats && outs == 1) {
+      std::vector<int> members;
+      std::vector<std::int64_t> slices;
+      if (elidable(nd, p, c->dim, members, slices)) {
+        const int id = new_producer(nd, p, 0, -1);
+        const int buffer = producers[static_cast<std::size_t>(id)].buffer;
+        parent_of.resize(buffer_producers.size(), {-1, 0});
+        for (std::size_t j = 0; j < members.size(); ++j)
+          parent_of[static_cast<std::size_t>(members[j])] = {buffer, slices[j]};
+        plan.elided_cats.push_back({p, std::move(slices)});
+        continue;
+      }
     }
     const bool reduces = in_place_input_of(nd->kind());  // may write output k into input k
     // How many of nd's arguments live in each buffer (a steal needs exactly one).
@@ -436,8 +497,22 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
     plan.buffer_of[pr.value.position][static_cast<std::size_t>(pr.value.index)] = pr.buffer;
   }
 
+  // A buffer laid out in an elided cat's output: the cat's buffer lives from the first of its
+  // slices' writes (a parent comes after its members, so one pass in order reaches nested cats'
+  // outermost buffer), and only the parent takes room in the arena.
+  parent_of.resize(plan.buffers.size(), {-1, 0});
+  for (std::size_t b = 0; b < plan.buffers.size(); ++b) {
+    const auto [parent, at] = parent_of[b];
+    if (parent < 0) continue;
+    planned_buffer& child = plan.buffers[b];
+    planned_buffer& outer = plan.buffers[static_cast<std::size_t>(parent)];
+    child.parent = parent;
+    child.offset_in_parent = at;
+    outer.first = std::min(outer.first, child.first);
+    outer.last = std::max(outer.last, child.last);
+  }
   std::vector<detail::pack_item>& items = vp.items;
-  for (auto& b : plan.buffers) items.push_back({b.bytes, b.first, b.last});
+  for (auto& b : plan.buffers) items.push_back({b.parent >= 0 ? 0 : b.bytes, b.first, b.last});
   plan.unplanned_peak_bytes = detail::peak_load(naive, n);
   plan.live_peak_bytes = detail::peak_load(items, n);
   return vp;
@@ -474,6 +549,7 @@ CCGRAPH_DECL memory_plan plan_memory(const graph& g, const memory_plan_options& 
     }
     for (std::size_t i = 0; i < m; ++i) plan.buffers[i].offset = off[i];
     plan.arena_bytes = arena;
+    detail::place_in_parents(plan);
     return plan;
   }
   const detail::interval_index index(items);
@@ -548,6 +624,7 @@ CCGRAPH_DECL memory_plan plan_memory(const graph& g, const memory_plan_options& 
   }();
   for (std::size_t i = 0; i < m; ++i) plan.buffers[i].offset = best_off[i];
   plan.arena_bytes = std::max<std::int64_t>(best, 0);
+  detail::place_in_parents(plan);
   return plan;
 }
 
@@ -684,6 +761,85 @@ CCGRAPH_DECL bool memory_plan::check(const graph& g, std::string* why) const {
       }
     }
   }
+  // Each buffer laid out in an elided cat's lies in its slice, within the cat buffer's bytes and
+  // lifetime; the cat reads exactly those slices in order, each its buffer's last value
+  // (through waits, never a view of part of it), and nothing else reads them from the cat on.
+  std::vector<int> child_of_cat(buffers.size(), -1);
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    const planned_buffer& c = buffers[b];
+    if (c.parent < 0) continue;
+    if (c.parent <= static_cast<int>(b) || c.parent >= static_cast<int>(buffers.size())) {
+      err << "buffer " << b << " (" << c.values.front().name << ") lies in buffer " << c.parent
+          << ", which is not a later buffer of the plan";
+      return fail();
+    }
+    const planned_buffer& o = buffers[static_cast<std::size_t>(c.parent)];
+    const planned_value& last = c.values.back();
+    if (c.offset != o.offset + c.offset_in_parent || c.offset_in_parent < 0 ||
+        c.offset_in_parent + detail::value_bytes(nodes[last.position]->meta(last.index)) > o.bytes ||
+        c.first < o.first || c.last > o.last || c.is_output) {
+      err << "buffer " << b << " (" << c.values.front().name << ", bytes [" << c.offset << ", "
+          << c.offset + c.bytes << "), live [" << c.first << ", " << c.last << "]) is not inside its parent buffer "
+          << c.parent << " (bytes [" << o.offset << ", " << o.offset + o.bytes << "), live [" << o.first << ", "
+          << o.last << "]) at +" << c.offset_in_parent;
+      return fail();
+    }
+  }
+  for (std::size_t i = 0; i < elided_cats.size(); ++i) {
+    const elided_cat& ec = elided_cats[i];
+    const node* cat = ec.position < n ? nodes[ec.position] : nullptr;
+    if (!cat || !std::holds_alternative<ops::cat>(cat->kind()) || (i > 0 && elided_cats[i - 1].position >= ec.position) ||
+        buffer_of[ec.position].size() != 1 || buffer_of[ec.position][0] < 0 || ec.slices.size() != cat->args().size()) {
+      err << "elided cat " << i << " at " << ec.position << " is not a cat with a buffer and one slice per input";
+      return fail();
+    }
+    const int outer = buffer_of[ec.position][0];
+    for (std::size_t j = 0; j < ec.slices.size(); ++j) {
+      // Back through views and waits to the value that owns the bytes, then forward the
+      // layout: the whole of that value, contiguous.
+      value_ref v = cat->args()[j];
+      std::vector<const node*> views;
+      auto planned_at = [&](value_ref x) {
+        const auto& bs = buffer_of[g.position(x.src)];
+        return bs.empty() ? -1 : bs[static_cast<std::size_t>(x.index)];
+      };
+      while (planned_at(v) < 0 && detail::aliases_input(*v.src) && !v.src->args().empty()) {
+        views.push_back(v.src);
+        v = v.src->args()[0];
+      }
+      detail::layout l = detail::contiguous_layout(v.src->shape(v.index));
+      for (auto it = views.rbegin(); it != views.rend(); ++it)
+        if (!(*it)->is_wait()) l = detail::view_layout(**it, l);
+      const bool whole = l.is_contiguous() && l.storage_offset() == 0 && numel_of(l.shape()) == numel_of(v.src->shape(v.index));
+      const std::size_t q = g.position(v.src);
+      const int b = whole ? planned_at(v) : -1;
+      const planned_buffer* c = b >= 0 ? &buffers[static_cast<std::size_t>(b)] : nullptr;
+      if (!c || c->parent != outer || c->offset_in_parent != ec.slices[j] || c->values.back().position != q ||
+          c->values.back().index != v.index) {
+        err << "%" << cat->name() << " is elided but its input " << j << " (" << detail::ref_str(cat->args()[j])
+            << ") is not the last value of a buffer at byte " << ec.slices[j] << " of its output's";
+        return fail();
+      }
+      if (child_of_cat[static_cast<std::size_t>(b)] >= 0) {
+        err << "%" << cat->name() << " reads buffer " << b << " twice, or another elided cat lays it out too";
+        return fail();
+      }
+      child_of_cat[static_cast<std::size_t>(b)] = static_cast<int>(i);
+      for (const auto& vs : aliases[static_cast<std::size_t>(b)])
+        for (const value_ref& a : vs)
+          for (const node* r : live.readers(a))
+            if (r != cat && live.read_end(r) >= ec.position) {
+              err << "%" << r->name() << " reads " << detail::ref_str(a) << " until " << live.read_end(r)
+                  << ", from the elided %" << cat->name() << " on, which made it part of its output";
+              return fail();
+            }
+    }
+  }
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].parent >= 0 && child_of_cat[b] < 0) {
+      err << "buffer " << b << " lies in buffer " << buffers[b].parent << " but no elided cat reads it";
+      return fail();
+    }
   // No two buffers live at one position share a byte. Every buffer holds a value written at a
   // position of the graph (checked above), so each starts before the end, and cutting what
   // lies past the end off its interval changes no overlap in time. For each buffer, the first
@@ -695,11 +851,13 @@ CCGRAPH_DECL bool memory_plan::check(const graph& g, std::string* why) const {
   const detail::interval_index index(spans);
   for (std::size_t a = 0; a < buffers.size(); ++a) {
     const planned_buffer& x = buffers[a];
-    if (x.bytes == 0) continue;
+    if (x.bytes == 0 || x.parent >= 0) continue;  // inside its parent: checked above
     std::size_t b = buffers.size();
     auto consider = [&](std::size_t c) {
       const planned_buffer& y = buffers[c];
-      if (c > a && c < b && y.bytes != 0 && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes) b = c;
+      if (c > a && c < b && y.bytes != 0 && y.parent < 0 && x.offset < y.offset + y.bytes &&
+          y.offset < x.offset + x.bytes)
+        b = c;
     };
     index.live_at(x.first, consider);
     index.starting_in(x.first, spans[a].last, consider);
@@ -720,11 +878,16 @@ CCGRAPH_DECL std::string to_string(const memory_plan& p) {
   os << "memory plan: " << p.buffers.size() << " buffers in an arena of " << p.arena_bytes
      << " bytes (live peak " << p.live_peak_bytes << ", unplanned peak " << p.unplanned_peak_bytes
      << ", total " << p.total_bytes << "), " << p.num_steals() << " in-place all_reduce"
-     << (p.num_steals() == 1 ? "" : "s") << '\n';
+     << (p.num_steals() == 1 ? "" : "s");
+  if (!p.elided_cats.empty())
+    os << ", " << p.elided_cats.size() << " elided cat" << (p.elided_cats.size() == 1 ? "" : "s");
+  os << '\n';
   for (std::size_t b = 0; b < p.buffers.size(); ++b) {
     const planned_buffer& buf = p.buffers[b];
     os << "  buf" << b << "  " << buf.values.front().name << "  " << buf.bytes << " B @ " << buf.offset
-       << "  live [" << buf.first << ", " << buf.last << "]" << (buf.is_output ? "  output" : "") << '\n';
+       << "  live [" << buf.first << ", " << buf.last << "]" << (buf.is_output ? "  output" : "");
+    if (buf.parent >= 0) os << "  in buf" << buf.parent << " at +" << buf.offset_in_parent;
+    os << '\n';
     for (std::size_t i = 1; i < buf.values.size(); ++i)
       os << "  buf" << b << "  " << buf.values[i].name << "  in place, stolen from "
          << buf.values[i - 1].name << '\n';

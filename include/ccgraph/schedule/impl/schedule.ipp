@@ -29,7 +29,9 @@ CCGRAPH_DECL void apply_pass_unlogged(graph& g, std::string_view pass, const sch
                      : opt.context                                ? opt.context
                                                                   : detail::current_rank_ptr();
   if (pass == "bucket_collectives") return bucket_collectives(g, opt.bucket_cap_bytes, ctx);
-  if (pass == "decompose_matmul_collectives") return decompose_matmul_collectives(g, opt.decompose_chunks, ctx);
+  if (pass == "decompose_matmul_collectives")
+    return decompose_matmul_collectives(
+        g, decompose_options{opt.decompose_chunks, opt.decompose_only_exposed ? opt.estimator() : runtime_estimator{}}, ctx);
   std::string known;
   for (auto n : schedule_pass_names()) known += (known.empty() ? "" : ", ") + std::string(n);
   CCGRAPH_THROW(error, "schedule: unknown pass '", pass, "'; known passes are ", known);
