@@ -117,24 +117,31 @@ TEST_CASE("decompose.tp_mlp.results_match_undecomposed_and_eager") {
   }
 }
 
+namespace {
+/// A data-parallel step of a two-matmul MLP whose weights are used transposed: the loss, and
+/// each weight's gradient all_reduced (w2's, the backward's first, traced first).
+auto dp_step(cg::group world) {
+  return [world](auto x, auto w1, auto w2) {
+    using V = decltype(x);
+    auto loss = [](const auto& xx, const auto& a, const auto& b) {
+      return cg::sum(cg::matmul(cg::gelu(cg::matmul(xx, a.transpose(0, 1))), b.transpose(0, 1)));
+    };
+    auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
+    auto r2 = V(cg::all_reduce(g2, "avg", world));
+    auto r1 = V(cg::all_reduce(g1, "avg", world));
+    return std::make_tuple(V(l), r1, r2);
+  };
+}
+}  // namespace
+
 TEST_CASE("decompose.weight_gradients_under_their_all_reduce") {
   // Data parallelism: a weight used as w.transpose(0, 1) gets its gradient from matmul's rule
   // as a transpose that the transpose's rule turns back (folded at trace time), so the
   // gradient's all_reduce reads the weight-gradient matmul itself and splits into row chunks.
   const std::int64_t t = 16, h = 8, f = 16;  // row chunks of whole 64-byte blocks: the cats elide
-  auto step = [](cg::group world) {
-    return [world](auto x, auto w1, auto w2) {
-      using V = decltype(x);
-      auto loss = [](const auto& xx, const auto& a, const auto& b) {
-        return cg::sum(cg::matmul(cg::gelu(cg::matmul(xx, a.transpose(0, 1))), b.transpose(0, 1)));
-      };
-      auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
-      return std::make_tuple(V(l), V(cg::all_reduce(g1, "avg", world)), V(cg::all_reduce(g2, "avg", world)));
-    };
-  };
   std::vector<int> ok(2, 0);
   cg::run_threads(2, [&](cg::rank_context& ctx) {
-    const auto g = cg::trace(step(ctx.world()), cg::input<float>({t, h}), cg::input<float>({f, h}),
+    const auto g = cg::trace(dp_step(ctx.world()), cg::input<float>({t, h}), cg::input<float>({f, h}),
                              cg::input<float>({h, f}));
     auto d = g;
     cg::decompose_matmul_collectives(d, 4, &ctx);
@@ -156,25 +163,13 @@ TEST_CASE("decompose.only_exposed.the_last_gradient") {
   // and can run beside the rest of the backward (gelu's backward and w1's gradient matmul); w1's
   // beside nothing. With only_exposed, only w1's splits.
   const std::int64_t t = 16, h = 8, f = 16;
-  auto step = [](cg::group world) {
-    return [world](auto x, auto w1, auto w2) {
-      using V = decltype(x);
-      auto loss = [](const auto& xx, const auto& a, const auto& b) {
-        return cg::sum(cg::matmul(cg::gelu(cg::matmul(xx, a.transpose(0, 1))), b.transpose(0, 1)));
-      };
-      auto [l, g1, g2] = cg::value_and_grad(loss, {1, 2})(x, w1, w2);
-      auto r2 = V(cg::all_reduce(g2, "avg", world));  // traced first
-      auto r1 = V(cg::all_reduce(g1, "avg", world));
-      return std::make_tuple(V(l), r1, r2);
-    };
-  };
   // A matmul costs 20, an all_reduce 15, the rest 1.
   const cg::runtime_estimator cost = [](const cg::node& n) {
     return n.op() == "matmul" ? 20.0 : n.is_collective() ? 15.0 : 1.0;
   };
   std::vector<int> ok(2, 0);
   cg::run_threads(2, [&](cg::rank_context& ctx) {
-    const auto g = cg::trace(step(ctx.world()), cg::input<float>({t, h}), cg::input<float>({f, h}),
+    const auto g = cg::trace(dp_step(ctx.world()), cg::input<float>({t, h}), cg::input<float>({f, h}),
                              cg::input<float>({h, f}));
     std::vector<bool> hidden;
     for (const cg::node* n : g.nodes())
@@ -197,7 +192,7 @@ TEST_CASE("decompose.only_exposed.the_last_gradient") {
   });
   CHECK(ok == std::vector<int>{1, 1});
   // Through cg::schedule: the option with the schedule's estimator.
-  const auto g = cg::trace(ccgraph_test::world(2), step(cg::group{std::vector<int>{0, 1}}), cg::input<float>({t, h}),
+  const auto g = cg::trace(ccgraph_test::world(2), dp_step(cg::group{std::vector<int>{0, 1}}), cg::input<float>({t, h}),
                            cg::input<float>({f, h}), cg::input<float>({h, f}));
   cg::schedule_options so;
   so.estimate_runtime = cost;
