@@ -64,9 +64,10 @@ enum class collective_stream : std::uint8_t {
   /// and joined back at the wait (PyTorch's c10d does the same): anything may overlap them.
   separate,
   /// The caller's stream for collectives a compiled graph's schedule overlaps with nothing
-  /// (collective_request::overlap is `none`), which saves the two cross-stream hops (host
-  /// calls eagerly, graph edges in a CUDA Graph); the communication stream for the others
-  /// and for eager calls. The default.
+  /// (collective_request::overlap is `none`) when no collective launched on the
+  /// communication stream is still out (it would overtake those), which saves the two
+  /// cross-stream hops (host calls eagerly, graph edges in a CUDA Graph); the communication
+  /// stream for the others and for eager calls. The default.
   automatic,
   /// Always the caller's stream: no collective overlaps compute, and none pays for the hops.
   /// For latency-bound loops of small collectives (a decode step's all_reduces).
@@ -607,9 +608,15 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     // A copy-engine all_reduce always runs on the communication stream: the channel's flags
     // need one order of its all_reduces on each rank, and two streams could run them at once.
     const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
+    // Automatic placement keeps a collective with nothing beside it on the caller's stream,
+    // but not while collectives launched on the communication stream are still out: it would
+    // overtake them there (a decomposed matmul's last chunk, on NCCL's kernels on the caller's
+    // stream, started beside its siblings' copy-engine all_reduces and waited for a peer still
+    // busy with them: 2 ms for a 32 MiB all_reduce on 2 x H200).
     const bool on_caller = !ce && (opt_.placement == collective_stream::caller ||
                                    (opt_.placement == collective_stream::automatic &&
-                                    req->overlap == ::ccgraph::detail::overlap_hint::none));
+                                    req->overlap == ::ccgraph::detail::overlap_hint::none &&
+                                    unjoined_[0] == 0 && unjoined_[1] == 0));
     const cudaStream_t producer = current_stream();
     const cudaStream_t s = on_caller ? producer : comm_stream();
     const bool in_capture = capturing();
