@@ -11,9 +11,7 @@
 // Everything here is a template instantiated where it is called.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <numeric>
 #include <vector>
 
 #include <ccgraph/core/reduce_op.hpp>
@@ -30,16 +28,8 @@ namespace ccgraph {
 /// them and overlap each bucket with the remaining backward; eagerly, in the order given.
 template <class V>
 std::vector<V> all_reduce_gradients(const std::vector<V>& grads, reduce_op_arg op, const group& g) {
-  std::vector<std::size_t> order(grads.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  if constexpr (is_symbolic_v<V>) {
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      const auto& ga = grads[a].state()->g;
-      return ga.position(grads[a].ref().src) < ga.position(grads[b].ref().src);
-    });
-  }
   std::vector<V> out = grads;  // (a symbolic value has no default)
-  for (const std::size_t i : order) out[i] = V(all_reduce(grads[i], op, g));
+  for (const std::size_t i : production_order(grads)) out[i] = V(all_reduce(grads[i], op, g));
   return out;
 }
 

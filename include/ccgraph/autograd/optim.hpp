@@ -28,6 +28,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -221,29 +222,35 @@ step_result<V, sgd_state<V>> sgd(const std::vector<V>& params, const std::vector
   check_options(o, what);
   check_like(what, params, grads, "grads");
   if (o.momentum > 0) check_like(what, params, state.momentum_buffer, "momentum buffers");
-  step_result<V, sgd_state<V>> r;
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  // Parameters in the order their gradients are computed (production_order): traced, each
+  // update can run as soon as its gradient exists, beside the collectives of later ones.
+  std::vector<std::optional<V>> np(params.size()), nb(params.size());
+  for (const std::size_t i : production_order(grads)) {
     const V& p = params[i];
     // d: the gradient plus the weight decay, inlined into each update's expression (weight decay
     // 0 adds nothing, as PyTorch skips it).
     auto update = [&](const auto& d) {
       if (o.momentum == 0) {
-        r.params.push_back(store(p, p - d * o.lr));
+        np[i].emplace(store(p, p - d * o.lr));
         return;
       }
       const V& b = state.momentum_buffer[i];
-      const V nb = store(b, b * o.momentum + d);
+      nb[i].emplace(store(b, b * o.momentum + d));
       // (in place, p's update reads the buffer just written, as PyTorch's does)
       if (o.nesterov)
-        r.params.push_back(store(p, p - (d + nb * o.momentum) * o.lr));
+        np[i].emplace(store(p, p - (d + *nb[i] * o.momentum) * o.lr));
       else
-        r.params.push_back(store(p, p - nb * o.lr));
-      r.state.momentum_buffer.push_back(nb);
+        np[i].emplace(store(p, p - *nb[i] * o.lr));
     };
     if (o.weight_decay != 0)
       update(grads[i] + p * o.weight_decay);
     else
       update(grads[i]);
+  }
+  step_result<V, sgd_state<V>> r;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    r.params.push_back(std::move(*np[i]));
+    if (o.momentum != 0) r.state.momentum_buffer.push_back(std::move(*nb[i]));
   }
   return r;
 }
@@ -285,20 +292,26 @@ step_result<V, adamw_state<V>> adamw(const std::vector<V>& params, const std::ve
   const S bias_sqrt2(::ccgraph::sqrt(1.0 - ::ccgraph::pow(o.beta2, t)));
   const double w = 1 - o.beta1;  // lerp weight
   const double decay = 1 - o.lr * o.weight_decay;
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  // Parameters in the order their gradients are computed (production_order): traced, each
+  // update can run as soon as its gradient exists, beside the collectives of later ones.
+  std::vector<std::optional<V>> np(params.size()), nm(params.size()), nv(params.size());
+  for (const std::size_t i : production_order(grads)) {
     const V& p = params[i];
     const auto g = wide(grads[i]);
     const auto m = wide(state.exp_avg[i]);
     const auto v = wide(state.exp_avg_sq[i]);
     // torch.lerp's two formulas (the one accurate for the weight's side of 0.5).
-    const V nm = w < 0.5 ? store(state.exp_avg[i], narrow(m + (g - m) * w))
-                         : store(state.exp_avg[i], narrow(g - (g - m) * (1 - w)));
-    const V nv = store(state.exp_avg_sq[i], narrow(v * o.beta2 + g * (1 - o.beta2) * g));  // addcmul: (value * g) * g
+    nm[i].emplace(w < 0.5 ? store(state.exp_avg[i], narrow(m + (g - m) * w))
+                          : store(state.exp_avg[i], narrow(g - (g - m) * (1 - w))));
+    nv[i].emplace(store(state.exp_avg_sq[i], narrow(v * o.beta2 + g * (1 - o.beta2) * g)));  // addcmul: (value * g) * g
     // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, the 0-d scalars broadcast.
-    const auto denom = ::ccgraph::sqrt(wide(nv)) / bias_sqrt2 + o.eps;
-    r.params.push_back(store(p, narrow(wide(p) * decay - step_size * wide(nm) / denom)));  // addcdiv: (value * m) / denom
-    r.state.exp_avg.push_back(nm);
-    r.state.exp_avg_sq.push_back(nv);
+    const auto denom = ::ccgraph::sqrt(wide(*nv[i])) / bias_sqrt2 + o.eps;
+    np[i].emplace(store(p, narrow(wide(p) * decay - step_size * wide(*nm[i]) / denom)));  // addcdiv: (value * m) / denom
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    r.params.push_back(std::move(*np[i]));
+    r.state.exp_avg.push_back(std::move(*nm[i]));
+    r.state.exp_avg_sq.push_back(std::move(*nv[i]));
   }
   return r;
 }

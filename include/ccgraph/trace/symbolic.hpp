@@ -144,6 +144,24 @@ inline constexpr bool is_symbolic_v<symbolic<T>> = true;
 template <class X>
 concept symbolic_type = is_symbolic_v<std::remove_cvref_t<X>>;
 
+/// The indices of `xs` in the order their traced graph computes them (by producing node, a
+/// stable sort: equal producers keep their order); for tensors, 0, 1, ... Per-value work
+/// issued in this order (the gradients' all_reduces, the optimizer's updates) can start as
+/// each value is ready: the schedule passes keep collectives in program order, and sink_waits
+/// puts a node reading a collective's result no earlier than where the program has it.
+template <class V>
+std::vector<std::size_t> production_order(const std::vector<V>& xs) {
+  std::vector<std::size_t> order(xs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if constexpr (is_symbolic_v<V>) {
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      const auto& g = xs[a].state()->g;
+      return g.position(xs[a].ref().src) < g.position(xs[b].ref().src);
+    });
+  }
+  return order;
+}
+
 namespace detail {
 
 /// The expression leaf of a symbolic operand: the value, by value (it is a small handle).
