@@ -442,6 +442,36 @@ TEST_CASE("optim.adamw.bf16_parameters_follow_the_double_update") {
   CHECK(qs.step.to_vector() == st.step.to_vector());
 }
 
+TEST_CASE("optim.traced_updates_follow_the_gradients") {
+  // Traced, the parameters are updated in the order their gradients are computed (here the
+  // second's first), and the results still come back in parameter order.
+  const auto g = cg::trace(ccgraph_test::world(1), [](auto a, auto b, auto ga, auto gb, auto ma, auto mb, auto va, auto vb, auto t) {
+    using V = decltype(a);
+    const V db(cg::eval(gb * 3.0));  // b's gradient computed first
+    const V da(cg::eval(ga * 2.0));
+    const auto r = cg::optim::step(std::vector<V>{a, b}, std::vector<V>{da, db},
+                                   cg::optim::adamw_state<V>::from_averages(t, {ma, mb, va, vb}), cg::optim::adamw_options{});
+    const auto s = cg::optim::step(std::vector<V>{a, b}, std::vector<V>{da, db}, cg::optim::sgd_state<V>{},
+                                   cg::optim::sgd_options{.lr = 0.5});
+    return std::make_tuple(r.params[0], r.params[1], s.params[0], s.params[1]);
+  }, cg::input<double>({3}), cg::input<double>({4}), cg::input<double>({3}), cg::input<double>({4}), cg::input<double>({3}),
+     cg::input<double>({4}), cg::input<double>({3}), cg::input<double>({4}), cg::input<double>({}));
+  const cg::node* out = g.output_node();
+  REQUIRE(out != nullptr);
+  const std::vector<cg::value_ref>& res = out->args();
+  REQUIRE(res.size() == 4);
+  CHECK(res[0].src->shape() == cg::shape_t{3});  // a's new value first, as the parameters
+  CHECK(res[1].src->shape() == cg::shape_t{4});
+  CHECK(g.position(res[1].src) < g.position(res[0].src));  // b's update computed before a's
+  CHECK(g.position(res[3].src) < g.position(res[2].src));
+  // Eagerly the same values as updating in parameter order.
+  const auto a = cg::full<double>({3}, 1.0), b = cg::full<double>({4}, 2.0);
+  const auto s = cg::optim::step(std::vector<cg::tensor<double>>{a, b}, std::vector<cg::tensor<double>>{a, b},
+                                 cg::optim::sgd_state<cg::tensor<double>>{}, cg::optim::sgd_options{.lr = 0.5});
+  CHECK(s.params[0].to_vector() == std::vector<double>(3, 0.5));
+  CHECK(s.params[1].to_vector() == std::vector<double>(4, 1.0));
+}
+
 TEST_CASE("optim.errors") {
   using namespace optim_test;
   auto p = params0();
