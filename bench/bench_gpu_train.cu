@@ -14,8 +14,10 @@
 // median of 10. Inputs are random (randn / nn.Linear's uniform init). Prints a table and one
 // `RESULT <workload> <impl> <ms> ms` line per row; bench/torch_train_reference.py is the same step in PyTorch.
 //
-// Usage: bench_gpu_train [--quick] [--timeline] [--decompose] [--world N]
+// Usage: bench_gpu_train [--quick] [--timeline] [--decompose] [--world N] [--passes P,Q,...]
 //   --world N    N GPUs (default: 2, or 1 where there is one)
+//   --passes     the scheduling passes of every row (default sink_waits,raise_comms,
+//                reorder_compute_for_overlap; an unknown name is cg::schedule's error)
 //   --quick      T = 2048, for a smoke run
 //   --decompose  two more rows: in place, with decompose_matmul_collectives (4 row chunks)
 //                before the overlap passes, so that the last weight gradient's all_reduce (the
@@ -63,7 +65,9 @@ auto train_step(cg::optim::adamw_options o, cg::group world) {
                     const auto& v2, const auto& t) {
     using V = std::decay_t<decltype(x)>;
     auto [loss, g1, g2] = cg::value_and_grad(mlp_loss{}, {1, 2})(x, w1, w2);
-    const std::vector<V> grads{cg::all_reduce(g1, "avg", world), cg::all_reduce(g2, "avg", world)};
+    // In the order the backward produces them (w2's first), as DDP issues its buckets: the
+    // passes keep the collectives' order, so w2's all_reduce then runs beside w1's gradient.
+    const std::vector<V> grads = cg::all_reduce_gradients(std::vector<V>{g1, g2}, "avg", world);
     const auto r = cg::optim::step(std::vector<V>{w1, w2}, grads,
                                    cg::optim::adamw_state<V>::from_averages(t, {m1, m2, v1, v2}), o);
     const std::vector<V> a = r.state.averages();
@@ -75,8 +79,18 @@ constexpr std::size_t n_inputs = 3 + 5;
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose] [--world N]", {"--quick", "--timeline", "--decompose"},
-                         {"--world"});
+  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose] [--world N] [--passes P,Q,...]",
+                         {"--quick", "--timeline", "--decompose"}, {"--world", "--passes"});
+  // The scheduling passes every row runs (decompose_matmul_collectives goes first where a row adds it).
+  std::vector<std::string> overlap_passes{"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
+  if (const auto p = args.value("--passes")) {
+    overlap_passes.clear();
+    for (std::size_t at = 0; at <= p->size();) {
+      const std::size_t comma = std::min(p->find(',', at), p->size());
+      if (comma > at) overlap_passes.push_back(p->substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
   const bool timeline = args.has("--timeline");
   const bool decompose = args.has("--decompose");
   int gpus = 0;
@@ -109,7 +123,7 @@ int main(int argc, char** argv) {
       cg::tensor<float> count = st0.step;
       cg::compile_options co{.cuda_graph = true, .static_outputs = true};
       if (in_place) co.update_inputs = cg::update_inputs_range(1, 1, n_inputs - 1);
-      std::vector<std::string> passes{"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
+      std::vector<std::string> passes = overlap_passes;
       if (row >= 2) passes.insert(passes.begin(), "decompose_matmul_collectives");  // (cg::schedule's order)
       cg::schedule_options so;
       so.decompose_only_exposed = row == 3;

@@ -64,8 +64,8 @@ enum class collective_stream : std::uint8_t {
   /// and joined back at the wait (PyTorch's c10d does the same): anything may overlap them.
   separate,
   /// The caller's stream for collectives a compiled graph's schedule overlaps with nothing
-  /// (collective_request::overlap is `none`) when no collective launched on the
-  /// communication stream is still out (it would overtake those), which saves the two
+  /// (collective_request::overlap is `none`) when no copy-engine all_reduce is still out on
+  /// the communication stream (NCCL orders its own launches, not those), which saves the two
   /// cross-stream hops (host calls eagerly, graph edges in a CUDA Graph); the communication
   /// stream for the others and for eager calls. The default.
   automatic,
@@ -440,13 +440,14 @@ class nccl_work final : public ::ccgraph::detail::work {
   /// communication stream).
   nccl_work(std::shared_ptr<nccl_rank> owner, shared_event done,
             std::shared_ptr<::ccgraph::detail::collective_request> req, bool capped, cudaStream_t caller,
-            std::unique_ptr<timing_events> timing = nullptr)
+            std::unique_ptr<timing_events> timing = nullptr, bool copy_engine = false)
       : owner_(std::move(owner)),
         done_(std::move(done)),
         req_(std::move(req)),
         capped_(capped),
         caller_(caller),
-        timing_(std::move(timing)) {}
+        timing_(std::move(timing)),
+        copy_engine_(copy_engine) {}
   ~nccl_work() override;
   void wait() const override;
   bool ready() const override {
@@ -465,6 +466,7 @@ class nccl_work final : public ::ccgraph::detail::work {
   bool capped_;  // ran on the overlap communicator
   cudaStream_t caller_;  // the caller's stream it ran on, or null
   std::unique_ptr<timing_events> timing_;  // a profiled call's (collective_request::timed)
+  bool copy_engine_;  // ran on a copy-engine channel
   mutable std::mutex mu_;
 
   /// Orders the calling thread's stream after the collective.
@@ -609,14 +611,14 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     // need one order of its all_reduces on each rank, and two streams could run them at once.
     const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
     // Automatic placement keeps a collective with nothing beside it on the caller's stream,
-    // but not while collectives launched on the communication stream are still out: it would
-    // overtake them there (a decomposed matmul's last chunk, on NCCL's kernels on the caller's
-    // stream, started beside its siblings' copy-engine all_reduces and waited for a peer still
-    // busy with them: 2 ms for a 32 MiB all_reduce on 2 x H200).
+    // but not while copy-engine all_reduces are still out on the communication stream: NCCL
+    // orders its own launches across streams, not those, so it would overtake them (a
+    // decomposed matmul's last chunk, on NCCL's kernels on the caller's stream, started beside
+    // its siblings' copy-engine all_reduces and waited for a peer still busy with them: 2 ms
+    // for a 32 MiB all_reduce on 2 x H200).
     const bool on_caller = !ce && (opt_.placement == collective_stream::caller ||
                                    (opt_.placement == collective_stream::automatic &&
-                                    req->overlap == ::ccgraph::detail::overlap_hint::none &&
-                                    unjoined_[0] == 0 && unjoined_[1] == 0));
+                                    req->overlap == ::ccgraph::detail::overlap_hint::none && unjoined_ce_ == 0));
     const cudaStream_t producer = current_stream();
     const cudaStream_t s = on_caller ? producer : comm_stream();
     const bool in_capture = capturing();
@@ -639,6 +641,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       ch->all_reduce(buffer_ptr(in), buffer_ptr(req->outputs[0]), static_cast<std::size_t>(numel_of(in.meta.shape)),
                      in.meta.dtype, std::get<ops::all_reduce>(req->op).op, s);
       ++copy_engine_launched_;
+      ++unjoined_ce_;
     } else {
       ncclComm_t c = capped ? overlap_comm_for(req->group.ranks, req->group.partition, req->group.tag)
                             : comm_for(req->group.ranks, req->group.partition, req->group.tag);
@@ -676,7 +679,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     ++unjoined_[capped];
     update_carveout();
     return std::make_shared<nccl_work>(shared_from_this(), std::move(done), std::move(req), capped, nullptr,
-                                       std::move(timing));
+                                       std::move(timing), ch != nullptr);
   }
 
   /// Collectives this rank launched on its communication stream ([0]) and on the caller's
@@ -717,13 +720,15 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       joined_at_ = launched_[0];
     }
     unjoined_[0] = unjoined_[1] = 0;
+    unjoined_ce_ = 0;
     update_carveout();
   }
 
   /// One collective's result (capped: an overlapped one) was joined by the calling thread's
   /// stream.
-  void joined_one(bool capped) noexcept {
+  void joined_one(bool capped, bool copy_engine = false) noexcept {
     if (unjoined_[capped] > 0) --unjoined_[capped];
+    if (copy_engine && unjoined_ce_ > 0) --unjoined_ce_;
     update_carveout();
   }
 
@@ -1101,6 +1106,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   wait_watchdog watchdog_;
   std::vector<int> world_ranks_ = all_ranks(world_size_);  // the world communicator's key
   int unjoined_[2] = {0, 0};  // on the communication stream, not yet waited ([1]: capped ones)
+  int unjoined_ce_ = 0;       // of those, copy-engine all_reduces
   std::uint64_t launched_[2] = {0, 0};  // see launched()
   cudaStream_t joined_stream_ = nullptr;  // the stream the last eager join() ordered ...
   std::uint64_t joined_at_ = ~std::uint64_t{0};  // ... after this many communication-stream launches
@@ -1116,14 +1122,14 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
 inline nccl_work::~nccl_work() {
   if (!req_) return;
   if (current_stream() != caller_) (void)cudaStreamWaitEvent(current_stream(), done_.get(), 0);
-  if (!caller_) owner_->joined_one(capped_);
+  if (!caller_) owner_->joined_one(capped_, copy_engine_);
 }
 
 inline void nccl_work::wait() const {
   std::lock_guard lk(mu_);
   owner_->fail_if_aborted();
   order_current();
-  if (req_ && !caller_) owner_->joined_one(capped_);
+  if (req_ && !caller_) owner_->joined_one(capped_, copy_engine_);
   req_.reset();  // later frees on this stream come after the collective
 }
 
