@@ -95,11 +95,17 @@ CCGRAPH_DECL void decompose_rows_then_collective(graph& g, const decomposition& 
 /// r's rows of chunk 0, of chunk 1, ...) with narrow and one cat.
 CCGRAPH_DECL void decompose_gather_then_rows(graph& g, const decomposition& d, int chunks, placements& at);
 
-/// Whether collective `c` can be hidden in `g`'s current order, by `estimate`: the compute
-/// between the producer of its latest input (where raise_comms can issue it) and the first
-/// node that reads its result (through its wait: where sink_waits waits for it) takes at least
-/// as long as the collective itself. Such a collective gains nothing from being split.
-CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const runtime_estimator& estimate);
+/// The estimated compute (not collectives, waits or the output) before each position of `g`:
+/// entry p sums the nodes at positions below p, so a stretch costs two lookups.
+CCGRAPH_DECL std::vector<double> compute_before(const graph& g, const runtime_estimator& estimate);
+
+/// Whether collective `c` can be hidden in `g`'s current order: the compute (by `before`,
+/// compute_before of `g`) between the producer of its latest input (where raise_comms can issue
+/// it) and the first node that reads its result (through its wait: where sink_waits waits for
+/// it) takes at least as long as the collective itself by `estimate`. Such a collective gains
+/// nothing from being split.
+CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const std::vector<double>& before,
+                                           const runtime_estimator& estimate);
 
 /// The collectives decompose_matmul_collectives may split, from the collective alone (so every
 /// member of its group sees alike): all_reduce, reduce_scatter_tensor and all_gather_into_tensor

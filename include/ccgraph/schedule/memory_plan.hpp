@@ -71,8 +71,8 @@ struct memory_plan_options {
   /// update_inputs). Each one that can be computed straight into its input's memory (see
   /// detail::in_place_update_sites) gets no buffer: memory_plan::updates_in_place lists it.
   std::vector<input_update> update_inputs{};
-  /// Lay the inputs of a cat out inside its output (detail::elidable_cat says when), so that
-  /// the cat copies nothing: each input is computed straight into its slice.
+  /// Lay the inputs of a cat out inside its output when they can be (see plan_memory), so
+  /// that the cat copies nothing: each input is computed straight into its slice.
   bool elide_cats = true;
 };
 
@@ -383,7 +383,10 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
 /// that need memory get buffers; an all_reduce (or each output of an all_reduce_coalesced)
 /// whose input is an intermediate (not a graph input, not derived from one), read by nothing
 /// else once the all_reduce is issued, read by the all_reduce once, laid out as its whole
-/// buffer and not a graph output, reduces in place into that buffer. Graph inputs and values
+/// buffer and not a graph output, reduces in place into that buffer. A cat along its outermost
+/// dim of more than one element whose inputs are each the whole of a buffer of their own, of
+/// its dtype, in no other cat, read by nothing else from the cat on and starting at a multiple
+/// of the alignment, has them laid out in its own buffer (elided_cats). Graph inputs and values
 /// still read elsewhere are never written. Buffers are packed into one arena, trying several
 /// orders (largest first, earliest first, longest-lived first, largest area, TFLite's greedy by
 /// breadth; best and first fit, then seeded random orders while above live_peak_bytes) and

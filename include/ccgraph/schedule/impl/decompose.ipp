@@ -238,7 +238,19 @@ CCGRAPH_DECL void decompose_gather_then_rows(graph& g, const decomposition& d, i
   g.replace_all_uses({tail, 0}, {joined, 0});
 }
 
-CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const runtime_estimator& estimate) {
+CCGRAPH_DECL std::vector<double> compute_before(const graph& g, const runtime_estimator& estimate) {
+  const auto& nodes = g.nodes();
+  std::vector<double> sum(nodes.size() + 1, 0.0);
+  for (std::size_t p = 0; p < nodes.size(); ++p) {
+    const node* v = nodes[p];
+    const bool compute = !v->is_collective() && !v->is_wait() && !std::holds_alternative<ops::output>(v->kind());
+    sum[p + 1] = sum[p] + (compute ? estimate(*v) : 0.0);
+  }
+  return sum;
+}
+
+CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const std::vector<double>& before,
+                                           const runtime_estimator& estimate) {
   // The first reader of the collective's result: of its waits' results (or its own outputs).
   std::size_t first = g.size();
   for (const node* u : c.users()) {
@@ -252,13 +264,7 @@ CCGRAPH_DECL bool hidden_by_compute_beside(const graph& g, const node& c, const 
   // order here: the passes that move collectives run after this one).
   std::size_t from = 0;
   for (const value_ref& a : c.args()) from = std::max(from, g.position(a.src) + 1);
-  double beside = 0;
-  const auto& nodes = g.nodes();
-  for (std::size_t p = from; p < first; ++p) {
-    const node* v = nodes[p];
-    if (v->is_collective() || v->is_wait() || std::holds_alternative<ops::output>(v->kind())) continue;
-    beside += estimate(*v);
-  }
+  const double beside = first > from ? before[first] - before[from] : 0.0;
   return beside >= estimate(c);
 }
 
@@ -290,10 +296,11 @@ CCGRAPH_DECL void decompose_matmul_collectives(graph& g, const decompose_options
   // out (the earlier rewrite replaces that node).
   std::vector<std::optional<detail::decomposition>> found(comms.size());
   std::vector<char> claimed(n, 0);  // by position
+  const std::vector<double> before = opt.only_exposed ? detail::compute_before(g, opt.only_exposed) : std::vector<double>{};
   for (std::size_t i = 0; i < comms.size() && chunks >= 2; ++i) {
     node* c = comms[i];
     if (!detail::decomposable(*c)) continue;
-    if (opt.only_exposed && detail::hidden_by_compute_beside(g, *c, opt.only_exposed)) continue;
+    if (opt.only_exposed && detail::hidden_by_compute_beside(g, *c, before, opt.only_exposed)) continue;
     found[i] = detail::collective_family(*c) == bucket_family::all_gather
                    ? detail::match_gather_then_rows(c, chunks)
                    : detail::match_rows_then_collective(g, c, chunks);
