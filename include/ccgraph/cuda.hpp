@@ -27,6 +27,7 @@
 #include <ccgraph/cuda/linear.cuh>
 #include <ccgraph/cuda/loss.cuh>
 #include <ccgraph/cuda/normalization.cuh>
+#include <ccgraph/cuda/optimizer.cuh>
 #include <ccgraph/cuda/peer_reduce.cuh>
 #include <ccgraph/cuda/pointwise.cuh>
 #include <ccgraph/cuda/reduction.cuh>

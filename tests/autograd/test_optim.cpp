@@ -142,9 +142,10 @@ auto compile_n(F fn, cg::rank_context& ctx, cg::function_options opt = {}) {
 }
 
 /// Runs the optimizer `steps` steps three ways — eager functional, eager in place, traced through
-/// compile_function — checks they agree bit for bit, and returns the final parameters.
+/// compile_function — checks they agree bit for bit, and returns the final parameters. A traced
+/// step has `pointwise_per_step` pointwise nodes and `fused_per_step` fused_adamw nodes.
 template <std::size_t StateTensors, class Opt>
-std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
+std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step, std::size_t fused_per_step = 0) {
   // eager, functional
   std::vector<T> p = params0();
   auto st = cg::optim::init(p, o);
@@ -205,7 +206,8 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
     for (std::size_t k = 0; k < ip.size(); ++k) CHECK(ip[k].data() == where[k]);
     check_equal(ip, p);
     check_equal(ist, st.tensors());
-    // one fused pointwise node per output (and AdamW's per-step scalars)
+    // SGD: one fused pointwise node per output; AdamW: its per-step scalars, then one
+    // fused_adamw node per parameter
     const auto g = [&]<std::size_t... I>(std::index_sequence<I...>) {
       std::vector<T> shapes = params0();
       for (const T& x : grads_at(0)) shapes.push_back(x);
@@ -213,8 +215,10 @@ std::vector<T> run_three_ways(const Opt& o, std::size_t pointwise_per_step) {
       return cg::trace(fn, cg::input<double>(shapes[I].shape())...);
     }(std::make_index_sequence<n>{});
     CHECK(g.count("pointwise") == pointwise_per_step);
+    CHECK(g.count("fused_adamw") == fused_per_step);
     // every parameter and state tensor is computed straight into its input (no copy after the
-    // run): each is one pointwise node that runs after every other read of the old value
+    // run): each is an output of one elementwise node that runs after every other read of the
+    // old value (fused_adamw writes three inputs at once)
     auto direct = cg::compile(g, ctx, {.update_inputs = updates});
     for (const cg::input_update& u : updates) {
       INFO("update {input ", u.input, ", output ", u.output, "}\n", cg::to_string(g));
@@ -324,8 +328,8 @@ TEST_CASE("optim.adamw.bias_correction") {
       INFO("beta1 ", beta1, ", weight_decay ", wd);
       const cg::optim::adamw_options o{.lr = 0.01, .beta1 = beta1, .beta2 = 0.99, .eps = 1e-6, .weight_decay = wd};
       // the step count and its two bias corrections (computed once per step), then per
-      // parameter: exp_avg, exp_avg_sq and the parameter
-      check_close(run_three_ways<5>(o, 9), adamw_reference(o), 1e-12);
+      // parameter one fused_adamw giving the parameter, exp_avg and exp_avg_sq
+      check_close(run_three_ways<5>(o, 3, 2), adamw_reference(o), 1e-12);
     }
 }
 

@@ -12,11 +12,11 @@
 // write them into the tensors passed in (runtime/executor.hpp): each update's node runs after
 // every other read of the value it replaces, so the memory planner has it write there directly.
 //
-// Why three nodes per AdamW parameter (m, v, then p reading the new m and v): with one output
-// per pointwise node that moves the fewest bytes, per element of E bytes 3E + 3E + 4E = 10E
-// (bf16: 20 B). Recomputing m and v inside p's expression (three independent nodes) reads g, m
-// and v twice: 3E + 3E + 5E = 11E. One node writing p, m and v together would move 7E (PyTorch's
-// fused AdamW), but needs a pointwise node with several outputs.
+// AdamW updates each parameter with one fused_adamw op (ops/optimizer_ops.hpp: one kernel
+// reading param, grad and both averages and writing the three new tensors, 7 accesses per
+// element where three single-output pointwise nodes make 10, as PyTorch's fused AdamW), after
+// three 0-d pointwise nodes per step for the step count and its two bias corrections. Eagerly
+// in place, the op writes straight into the parameter and its state.
 //
 // bf16 and f16 parameters: AdamW's update is computed in f32 per element and rounded once when
 // stored (as PyTorch's fused AdamW), and its step count is an f32 tensor (a bf16 count stops at
@@ -37,6 +37,7 @@
 #include <ccgraph/core/error.hpp>
 #include <ccgraph/core/shape.hpp>
 #include <ccgraph/expr/expr.hpp>
+#include <ccgraph/ops/optimizer_ops.hpp>
 #include <ccgraph/ops/pointwise.hpp>
 #include <ccgraph/tensor/tensor.hpp>
 #include <ccgraph/trace/ops.hpp>
@@ -255,7 +256,8 @@ step_result<V, sgd_state<V>> sgd(const std::vector<V>& params, const std::vector
   return r;
 }
 
-/// One AdamW step over every parameter; each result goes through `store(old, expression)`.
+/// One AdamW step over every parameter: the step count through `store(old, expression)`, each
+/// parameter's update as one fused_adamw (into the tensors themselves when `Store` is in_place).
 template <class V, class Store>
 step_result<V, adamw_state<V>> adamw(const std::vector<V>& params, const std::vector<V>& grads,
                                      const adamw_state<V>& state, const adamw_options& o, Store store,
@@ -266,47 +268,28 @@ step_result<V, adamw_state<V>> adamw(const std::vector<V>& params, const std::ve
   check_like(what, params, state.exp_avg_sq, "exp_avg_sq");
   CCGRAPH_CHECK(state.step.shape().empty(), what, ": the state's step must be 0-d, got shape ",
                 shape_str(state.step.shape()));
-  // The update runs in C = compute_t<E> and is rounded to E once per stored value (for f32 and
-  // f64 parameters C is E and no conversion is recorded).
-  using E = typename V::value_type;
-  using C = compute_t<E>;
-  const auto wide = [](const auto& x) {
-    if constexpr (std::is_same_v<C, E>)
-      return x;
-    else
-      return ::ccgraph::cast<C>(x);
-  };
-  const auto narrow = [](const auto& e) {
-    if constexpr (std::is_same_v<C, E>)
-      return e;
-    else
-      return ::ccgraph::cast<E>(e);
-  };
   const auto t = store(state.step, state.step + 1.0);
   step_result<V, adamw_state<V>> r{{}, {t, {}, {}}};  // (a symbolic value has no default)
-  // The step's scalars, lr / (1 - beta1^t) and sqrt(1 - beta2^t), computed once as 0-d values
-  // (the same operations, so the same bits): inside the update they were two pows per element,
-  // which made the update kernel compute-bound (0.9 ms for 67M bf16 elements on an H200).
+  // The step's scalars, lr / (1 - beta1^t) and sqrt(1 - beta2^t), computed once as 0-d values of
+  // the compute type (f32 for bf16 parameters): inside the update they were two pows per
+  // element, which made it compute-bound (0.9 ms for 67M bf16 elements on an H200).
   using S = std::decay_t<decltype(state.step)>;
   const S step_size(o.lr / (1.0 - ::ccgraph::pow(o.beta1, t)));
   const S bias_sqrt2(::ccgraph::sqrt(1.0 - ::ccgraph::pow(o.beta2, t)));
-  const double w = 1 - o.beta1;  // lerp weight
-  const double decay = 1 - o.lr * o.weight_decay;
+  const ops::fused_adamw op{o.beta1, o.beta2, o.eps, 1 - o.lr * o.weight_decay};
   // Parameters in the order their gradients are computed (production_order): traced, each
   // update can run as soon as its gradient exists, beside the collectives of later ones.
   std::vector<std::optional<V>> np(params.size()), nm(params.size()), nv(params.size());
   for (const std::size_t i : production_order(grads)) {
-    const V& p = params[i];
-    const auto g = wide(grads[i]);
-    const auto m = wide(state.exp_avg[i]);
-    const auto v = wide(state.exp_avg_sq[i]);
-    // torch.lerp's two formulas (the one accurate for the weight's side of 0.5).
-    nm[i].emplace(w < 0.5 ? store(state.exp_avg[i], narrow(m + (g - m) * w))
-                          : store(state.exp_avg[i], narrow(g - (g - m) * (1 - w))));
-    nv[i].emplace(store(state.exp_avg_sq[i], narrow(v * o.beta2 + g * (1 - o.beta2) * g)));  // addcmul: (value * g) * g
-    // denom = sqrt(v) / sqrt(1 - beta2^t) + eps, the 0-d scalars broadcast.
-    const auto denom = ::ccgraph::sqrt(wide(*nv[i])) / bias_sqrt2 + o.eps;
-    np[i].emplace(store(p, narrow(wide(p) * decay - step_size * wide(*nm[i]) / denom)));  // addcdiv: (value * m) / denom
+    const V &p = params[i], &m = state.exp_avg[i], &v = state.exp_avg_sq[i];
+    if constexpr (std::is_same_v<Store, in_place>) {
+      ::ccgraph::detail::fused_adamw_into(op, p, grads[i], m, v, step_size, bias_sqrt2);
+      np[i].emplace(p), nm[i].emplace(m), nv[i].emplace(v);
+    } else {
+      using E = typename V::value_type;
+      auto [p1, m1, v1] = ::ccgraph::detail::apply_op_n<E, E, E>(op, p, grads[i], m, v, step_size, bias_sqrt2);
+      np[i].emplace(std::move(p1)), nm[i].emplace(std::move(m1)), nv[i].emplace(std::move(v1));
+    }
   }
   for (std::size_t i = 0; i < params.size(); ++i) {
     r.params.push_back(std::move(*np[i]));
@@ -353,8 +336,9 @@ step_result<V, sgd_state<V>> step(const std::vector<V>& params, const std::vecto
 }
 
 /// One AdamW step, functional: the new parameters and state (step + 1, the new averages). With
-/// tensors it runs at once; with symbolic values (inside cg::trace) it records one fused
-/// pointwise node per new parameter, per new average and for the step count.
+/// tensors it runs at once; with symbolic values (inside cg::trace) it records three 0-d
+/// pointwise nodes (the step count and its two bias corrections) and one fused_adamw node per
+/// parameter, giving its new value and averages.
 template <value V>
 step_result<V, adamw_state<V>> step(const std::vector<V>& params, const std::vector<V>& grads,
                                     const adamw_state<V>& state, const adamw_options& o) {
@@ -385,9 +369,9 @@ void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, 
   detail::sgd(params, grads, state, o, detail::in_place{}, "optim::step_(sgd)");
 }
 
-/// One AdamW step in place (eager): the step count, each running average and each parameter are
-/// overwritten by their fused updates, evaluated straight into their memory. Same values as
-/// step().
+/// One AdamW step in place (eager): the step count, then each parameter with its running
+/// averages, are overwritten by their fused update (one fused_adamw per parameter), evaluated
+/// straight into their memory. Same values as step().
 template <element T>
 void step_(std::vector<tensor<T>>& params, const std::vector<tensor<T>>& grads, adamw_state<tensor<T>>& state,
            const adamw_options& o) {

@@ -229,6 +229,16 @@ struct pointwise {
   }
 };
 
+/// An elementwise op that is not linear in any input (fused_adamw): the pointwise rule of a
+/// non-linear op, so a Shard of any input shards every full-shaped input and the outputs alike,
+/// a 0-d input stays Replicate, and a Partial input is reduced first.
+struct elementwise {
+  template <class O>
+  static std::vector<sharding_strategy> strategies(const O&, const sharding_args& a) {
+    return pointwise::strategies_named(O::name, a);
+  }
+};
+
 /// The einsum-like strategies of a product of `a` [..., m, k] and `b` [..., k, n] (or, with
 /// `b_transposed`, b [n, k]), as PyTorch's gen_einsum_strategies, in its order: all-Replicate;
 /// each batch dim sharded on both; the contracting dim sharded on both (output Partial(sum));

@@ -31,6 +31,7 @@
 #include <ccgraph/ops/impl/compute_ops.ipp>
 #include <ccgraph/ops/impl/index_ops.ipp>
 #include <ccgraph/ops/impl/normalization_ops.ipp>
+#include <ccgraph/ops/impl/optimizer_ops.ipp>
 #include <ccgraph/ops/impl/reduction_ops.ipp>
 #include <ccgraph/ops/impl/user_op.ipp>
 #include <ccgraph/runtime/impl/cpu_collectives.ipp>

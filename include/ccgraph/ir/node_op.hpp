@@ -17,6 +17,7 @@
 #include <ccgraph/ops/linear.hpp>
 #include <ccgraph/ops/loss_ops.hpp>
 #include <ccgraph/ops/normalization_ops.hpp>
+#include <ccgraph/ops/optimizer_ops.hpp>
 #include <ccgraph/ops/reduction_ops.hpp>
 #include <ccgraph/ops/squeeze.hpp>
 #include <ccgraph/ops/user_op.hpp>
@@ -43,6 +44,8 @@ using node_op = std::variant<
     ops::embedding, ops::embedding_backward, ops::index_select, ops::gather, ops::scatter_add,
     ops::bmm, ops::linear,
     ops::scaled_dot_product_attention, ops::scaled_dot_product_attention_backward,
+    // compute: fused optimizer updates (ops/optimizer_ops.hpp)
+    ops::fused_adamw,
     // views
     ops::reshape, ops::narrow, ops::transpose, ops::permute, ops::select, ops::unsqueeze,
     ops::contiguous, ops::squeeze,
@@ -92,6 +95,10 @@ CCGRAPH_DECL alias_kind aliasing_of(const node_op& op);
 
 /// True when the op may write output k into input k's buffer when that input dies there.
 CCGRAPH_DECL bool in_place_input_of(const node_op& op);
+
+/// True when the op is elementwise (detail::op_elementwise): each output may be computed
+/// straight into an input of its meta whose old value nothing else reads any more.
+CCGRAPH_DECL bool elementwise_of(const node_op& op);
 
 /// True when each run of `op` draws new random numbers (op_traits<O>::draws_random; false for
 /// an op without it).

@@ -176,6 +176,7 @@ struct gather;
 struct scatter_add;
 struct cross_entropy;
 struct sdpa;
+struct elementwise;
 }  // namespace sharding_rules
 
 namespace detail {
@@ -372,6 +373,22 @@ consteval bool op_takes_complex() {
     return tr::takes_complex;
   } else {
     return tr::category != op_category::compute;
+  }
+}
+
+/// True when op O is elementwise: output k's element i reads only element i of each input (a
+/// 0-d input broadcast) and a run reads all of element i before writing any of it, so an output
+/// may be computed straight into an input of its meta (the memory planner's in-place updates,
+/// compile_options::update_inputs). Pointwise expressions are; a compute op says so with
+/// `static constexpr bool elementwise = true` (fused_adamw). Without it an op is not: that
+/// only costs a copy, never a wrong result.
+template <class O>
+consteval bool op_elementwise() {
+  using tr = op_traits<O>;
+  if constexpr (requires { tr::elementwise; }) {
+    return tr::elementwise;
+  } else {
+    return tr::category == op_category::pointwise;
   }
 }
 

@@ -263,15 +263,16 @@ class basic_executor {
     }
     // Which node writes which updated input in place: the plan's decision, or (without a
     // plan) the same rule.
-    write_into_.assign(nodes.size(), -1);
+    write_into_.assign(nodes.size(), {});
     if (plan_) {
       for (const planned_update& u : plan_->updates_in_place)
-        write_into_[u.value.position] = static_cast<int>(u.update.input);
-    } else {
+        write_into_[u.value.position].push_back({u.value.index, u.update.input});
+    } else if (const node* out = g_.output_node()) {
       const detail::liveness_info live(g_);
       const std::vector<std::size_t> sites = detail::in_place_update_sites(g_, live, updates_);
       for (std::size_t a = 0; a < sites.size(); ++a)
-        if (sites[a] < nodes.size()) write_into_[sites[a]] = static_cast<int>(updates_[a].input);
+        if (sites[a] < nodes.size())
+          write_into_[sites[a]].push_back({out->args()[updates_[a].output].index, updates_[a].input});
     }
     nvtx_ = detail::nvtx_names(g_, ctx.device());
     if (!nvtx_.empty()) nvtx_rt_ = detail::device_runtime_slot();
@@ -283,8 +284,10 @@ class basic_executor {
   bool update_in_place(std::size_t k) const {
     const node* out = g_.output_node();
     if (!out || k >= out->args().size() || !is_update_output(k)) return false;
-    const std::size_t p = g_.position(out->args()[k].src);
-    return p < write_into_.size() && write_into_[p] >= 0;
+    const value_ref r = out->args()[k];
+    const std::size_t p = g_.position(r.src);
+    if (p >= write_into_.size()) return false;
+    return std::any_of(write_into_[p].begin(), write_into_[p].end(), [&](const auto& w) { return w.first == r.index; });
   }
 
   /// The graph being run (with compile_options::pending_outputs, without the waits of the
@@ -609,24 +612,29 @@ class basic_executor {
         results = std::move(in);
         break;
       }
+      // Each output's memory: its planned buffer, or the input tensor an updated result is
+      // computed straight into when that is one dense block here and done (every read of the
+      // old value ran before: in_place_update_sites). All of a node's outputs or none: without
+      // one, the node allocates its own and run() copies the updated results.
       outs.clear();
-      if (plan_)
-        for (int k = 0; k < n->num_outputs(); ++k)
-          if (const planned_buffer* b = plan_->buffer_at(i, k)) {
-            if (outputs_apart && b->is_output) {
-              outs.clear();  // all of a node's results or none: this node allocates its own
-              break;
-            }
+      if (plan_ || !write_into_[i].empty()) {
+        for (int k = 0; k < n->num_outputs(); ++k) {
+          const auto w = std::find_if(write_into_[i].begin(), write_into_[i].end(),
+                                      [&](const auto& x) { return x.first == k; });
+          if (w != write_into_[i].end()) {
+            const any_tensor& t = inputs[w->second];
+            const bool direct = ::ccgraph::detail::visit(
+                [&](const auto& x) { return x.is_contiguous() && !x.pending_work() && x.device() == ctx_->device(); }, t);
+            if (!direct) break;
+            outs.push_back(t);
+          } else if (const planned_buffer* b = plan_ ? plan_->buffer_at(i, k) : nullptr;
+                     b && !(outputs_apart && b->is_output)) {
             outs.push_back(detail::arena_tensor(arena, n->meta(k), b->offset));
+          } else {
+            break;
           }
-      if (write_into_[i] >= 0) {
-        // An updated result computed straight into its input's tensor, when that is one dense
-        // block here and done: every read of the old value ran before (in_place_update_sites).
-        const any_tensor& t = inputs[static_cast<std::size_t>(write_into_[i])];
-        const bool direct = ::ccgraph::detail::visit(
-            [&](const auto& x) { return x.is_contiguous() && !x.pending_work() && x.device() == ctx_->device(); }, t);
-        outs.clear();
-        if (direct) outs.push_back(t);
+        }
+        if (outs.size() != static_cast<std::size_t>(n->num_outputs())) outs.clear();
       }
       if (const elided_cat* c = plan_ ? plan_->elided_at(i) : nullptr;
           c && outs.size() == 1 && detail::laid_out_in(outs[0], in, c->slices)) {
@@ -756,7 +764,8 @@ class basic_executor {
   bool has_collectives_ = false;
   std::vector<node*> inputs_;
   std::vector<input_update> updates_;
-  std::vector<int> write_into_;  // per position: the input its output 0 is written into, or -1
+  // Per position: (output, input) for each of its outputs written straight into an input.
+  std::vector<std::vector<std::pair<int, std::size_t>>> write_into_;
   std::optional<memory_plan> plan_;
   std::shared_ptr<detail::arena_cache> cache_;
   // NVTX range names per position (detail::nvtx_names), and the runtime that pushes them: null

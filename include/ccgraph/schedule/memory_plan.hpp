@@ -336,15 +336,16 @@ CCGRAPH_DECL std::int64_t peak_load(const std::vector<pack_item>& items, std::si
 
 /// For each of `updates` (memory_plan_options::update_inputs), the position of the node that
 /// can compute its result straight into the input's memory, or g.size() where the result must
-/// be computed elsewhere and copied. It can when: the result is output 0 of a pointwise node of
-/// one output (a fused expression reads and writes element i of same-shaped operands together,
-/// in blocks that read before they write) with the input's meta; the result is returned once
-/// and no view of it is returned (nothing else hands out that memory); and every read of the
-/// input's old value (through any view or wait of it, collectives until their wait, the output
-/// node to the end) ends before that node, except that node's own reads of the input itself
-/// (element i for element i; a view of the input read there could read another element, so it
-/// refuses). Out-of-range indices give g.size() (the executor reports them). O(V + E) for all
-/// updates together.
+/// be computed elsewhere and copied. It can when: the result is an output of an elementwise
+/// node (detail::op_elementwise: a fused pointwise expression, fused_adamw; each reads element i
+/// of its operands before it writes element i of its outputs) with the input's meta; the result
+/// is returned once and no view of it is returned (nothing else hands out that memory); and
+/// every read of the input's old value (through any view or wait of it, collectives until their
+/// wait, the output node to the end) ends before that node, except that node's own reads of the
+/// input itself (element i for element i; a view of the input read there could read another
+/// element, so it refuses). Several outputs of one node may each be written into an input of
+/// their own (fused_adamw's parameter and averages). Out-of-range indices give g.size() (the
+/// executor reports them). O(V + E) for all updates together.
 CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, const liveness_info& live,
                                                       const std::vector<input_update>& updates);
 

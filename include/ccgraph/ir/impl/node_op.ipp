@@ -23,6 +23,10 @@ CCGRAPH_DECL bool in_place_input_of(const node_op& op) {
   return visit_op(op, [](const auto& o) { return op_traits<std::decay_t<decltype(o)>>::in_place_input; });
 }
 
+CCGRAPH_DECL bool elementwise_of(const node_op& op) {
+  return visit_op(op, [](const auto& o) { return detail::op_elementwise<std::decay_t<decltype(o)>>(); });
+}
+
 CCGRAPH_DECL bool draws_random(const node_op& op) {
   return visit_op(op, [](const auto& o) {
     using O = std::decay_t<decltype(o)>;

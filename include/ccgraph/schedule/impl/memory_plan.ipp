@@ -223,27 +223,38 @@ CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, cons
   if (!out || updates.empty()) return site;
   const std::vector<node*> inputs = g.placeholders();
   // Per position: the input whose memory output 0 is (the placeholder, views and waits of
-  // it, transitively), or -1, and the node whose output 0 it is a view or wait of (itself
-  // otherwise). A view_or_copy that copies counts as a view (its read is then counted until
-  // its readers' ends: later than needed, never earlier).
+  // it, transitively), or -1, and the value (position, output) that output 0 is a view or wait
+  // of (itself otherwise). A view_or_copy that copies counts as a view (its read is then counted
+  // until its readers' ends: later than needed, never earlier).
+  using value_at = std::pair<std::size_t, int>;
   std::vector<int> root(n, -1);
-  std::vector<std::size_t> base(n);
+  std::vector<value_at> base(n);
   for (std::size_t p = 0; p < n; ++p) {
     const node* nd = nodes[p];
-    base[p] = p;
+    base[p] = {p, 0};
     if (const auto* ph = std::get_if<ops::placeholder>(&nd->kind())) {
       root[p] = ph->index;
-    } else if (aliases_input(*nd) && !nd->args().empty() && nd->args()[0].index == 0) {
-      root[p] = root[g.position(nd->args()[0].src)];
-      base[p] = base[g.position(nd->args()[0].src)];
+    } else if (aliases_input(*nd) && !nd->args().empty()) {
+      const value_ref& a = nd->args()[0];
+      const std::size_t q = g.position(a.src);
+      if (a.index == 0) {
+        root[p] = root[q];
+        base[p] = base[q];
+      } else {
+        base[p] = {q, a.index};  // a view of another output of a node of several
+      }
     }
   }
-  // Per position: how many results are its output 0 or a view or wait of it.
-  std::vector<int> returned(n, 0);
-  for (const value_ref& x : out->args())
-    if (x.index == 0) ++returned[base[g.position(x.src)]];
+  // Per value: how many results are it or a view or wait of it.
+  std::vector<std::vector<int>> returned(n);
+  for (const value_ref& x : out->args()) {
+    const value_at b = x.index == 0 ? base[g.position(x.src)] : value_at{g.position(x.src), x.index};
+    std::vector<int>& r = returned[b.first];
+    if (r.size() <= static_cast<std::size_t>(b.second)) r.resize(static_cast<std::size_t>(b.second) + 1, 0);
+    ++r[static_cast<std::size_t>(b.second)];
+  }
   // Per input: the last position reading its old value other than through a direct read of
-  // the placeholder by a pointwise node, and the nodes reading it directly.
+  // the placeholder by an elementwise node, and the nodes reading it directly.
   const std::size_t none = n;
   std::vector<std::size_t> last_other(inputs.size(), none);
   auto later = [&](std::size_t& at, std::size_t e) { at = at == none ? e : std::max(at, e); };
@@ -252,7 +263,7 @@ CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, cons
     if (r < 0 || static_cast<std::size_t>(r) >= inputs.size()) continue;
     const bool is_placeholder = nodes[p] == inputs[static_cast<std::size_t>(r)];
     for (const node* rd : live.readers(p, 0)) {
-      if (is_placeholder && category_of(rd->kind()) == op_category::pointwise) continue;  // checked per site
+      if (is_placeholder && elementwise_of(rd->kind())) continue;  // checked per site
       later(last_other[static_cast<std::size_t>(r)], live.read_end(rd));
     }
   }
@@ -262,17 +273,18 @@ CCGRAPH_DECL std::vector<std::size_t> in_place_update_sites(const graph& g, cons
     const value_ref res = out->args()[u.output];
     const node* nd = res.src;
     const node* ph = inputs[u.input];
-    if (category_of(nd->kind()) != op_category::pointwise || nd->num_outputs() != 1) continue;
-    if (nd->meta(0) != ph->meta()) continue;
+    if (!elementwise_of(nd->kind())) continue;
+    if (nd->meta(res.index) != ph->meta()) continue;
     const std::size_t p = g.position(nd);
     // Returned once, and no view of it returned (it would hand out the input's memory).
-    if (returned[p] != 1) continue;
+    const std::vector<int>& r = returned[p];
+    if (r.size() <= static_cast<std::size_t>(res.index) || r[static_cast<std::size_t>(res.index)] != 1) continue;
     // Every other read of the old value ends before p.
     if (last_other[u.input] != none && last_other[u.input] >= p) continue;
-    // Direct reads of the placeholder by pointwise nodes: each before p, or p itself.
+    // Direct reads of the placeholder by elementwise nodes: each before p, or p itself.
     bool ok = true;
     for (const node* rd : live.readers(g.position(ph), 0))
-      if (category_of(rd->kind()) == op_category::pointwise && rd != nd && live.read_end(rd) >= p) ok = false;
+      if (elementwise_of(rd->kind()) && rd != nd && live.read_end(rd) >= p) ok = false;
     // p reads no view of the input (another element than its own).
     for (const value_ref& x : nd->args())
       if (x.src != ph && root[g.position(x.src)] == static_cast<int>(u.input)) ok = false;
@@ -392,13 +404,20 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
   };
 
   // Updated results computed straight into their inputs: the caller's memory, like the
-  // inputs themselves (no buffer; views of them are never planned either).
-  std::vector<int> update_at(n, -1);
-  {
+  // inputs themselves (no buffer; views of them are never planned either). Per position, the
+  // (output, update) pairs of its outputs written so.
+  std::vector<std::vector<std::pair<int, int>>> update_at(n);
+  if (const node* out = g.output_node()) {
     const std::vector<std::size_t> sites = in_place_update_sites(g, live, opt.update_inputs);
     for (std::size_t a = 0; a < sites.size(); ++a)
-      if (sites[a] < n) update_at[sites[a]] = static_cast<int>(a);
+      if (sites[a] < n)
+        update_at[sites[a]].push_back({out->args()[opt.update_inputs[a].output].index, static_cast<int>(a)});
   }
+  auto update_of = [&](std::size_t p, int k) {
+    for (const auto& [out_k, a] : update_at[p])
+      if (out_k == k) return a;
+    return -1;
+  };
 
   for (std::size_t p = 0; p < n; ++p) {
     const node* nd = nodes[p];
@@ -407,11 +426,11 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
     plan.buffer_of[p].assign(outs, -1);
     layout_of[p].assign(outs, detail::layout(nullptr, {0}, {1}, 0));
     if (aliasing_of(nd->kind()) == alias_kind::external || outs == 0) continue;
-    if (update_at[p] >= 0) {
-      plan.updates_in_place.push_back({{p, 0, detail::ref_str({const_cast<node*>(nd), 0})},
-                                       opt.update_inputs[static_cast<std::size_t>(update_at[p])]});
-      continue;
-    }
+    for (std::size_t k = 0; k < outs; ++k)
+      if (const int a = update_of(p, static_cast<int>(k)); a >= 0)
+        plan.updates_in_place.push_back({{p, static_cast<int>(k), detail::ref_str({const_cast<node*>(nd), static_cast<int>(k)})},
+                                         opt.update_inputs[static_cast<std::size_t>(a)]});
+    if (update_at[p].size() == outs) continue;  // every output written into an input
     if (detail::aliases_input(*nd)) {
       const value_ref in = nd->args().at(0);
       const std::size_t q = g.position(in.src);
@@ -466,7 +485,7 @@ CCGRAPH_DECL value_plan plan_values(const graph& g, const liveness_info& live, c
           if (ok) steal_from = buffer;
         }
       }
-      new_producer(nd, p, static_cast<int>(k), steal_from);
+      if (update_of(p, static_cast<int>(k)) < 0) new_producer(nd, p, static_cast<int>(k), steal_from);
     }
   }
 
@@ -697,10 +716,13 @@ CCGRAPH_DECL bool memory_plan::check(const graph& g, std::string* why) const {
   // Each result written into an input is one the rule allows there (all old reads end before).
   for (const planned_update& u : updates_in_place) {
     const std::vector<std::size_t> site = detail::in_place_update_sites(g, live, {u.update});
-    if (u.value.position >= n || site[0] != u.value.position || u.value.index != 0) {
+    const node* out = g.output_node();
+    const bool that_output = out && u.update.output < out->args().size() &&
+                             out->args()[u.update.output].index == u.value.index;
+    if (u.value.position >= n || site[0] != u.value.position || !that_output) {
       err << u.value.name << " is written into input " << u.update.input << " (result " << u.update.output
           << ") at " << u.value.position << ", but that input's old value is read then or later, or the result is "
-          << "not computed there by one pointwise node";
+          << "not that output of one elementwise node there";
       return fail();
     }
   }
