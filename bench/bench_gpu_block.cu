@@ -8,7 +8,9 @@
 // traced into one joint graph (cg::value_and_grad through the dtensor styles), scheduled and
 // replayed as one CUDA Graph per step. Rows: with the overlap passes (sink_waits, raise_comms,
 // reorder_compute_for_overlap), without any pass, and with every pass (bucketing and
-// decompose_matmul_collectives too). bench/torch_block_reference.py is PyTorch's
+// decompose_matmul_collectives too); TP only, the overlap passes with the norms' gradients left
+// each rank's Partial term (parallelize_options::partial_grads), as PyTorch's parallelize_module
+// leaves them: its step reduces them nowhere. bench/torch_block_reference.py is PyTorch's
 // side (parallelize_module, eager and torch.compile) to run in the same lease.
 // Timing as bench_gpu_train: CUDA events around one step on rank 0's stream, 4 warm-up steps, the
 // median of 10. Prints a table and one `RESULT <workload> <impl> <ms> ms` line per row.
@@ -78,10 +80,18 @@ int main(int argc, char** argv) {
                                "_D" + std::to_string(c.dim) + "_H" + std::to_string(c.heads) + "_F" + std::to_string(c.ffn);
   std::vector<std::string> every_pass;
   for (const auto p : cg::schedule_pass_names()) every_pass.emplace_back(p);
-  const std::vector<std::pair<std::string, std::vector<std::string>>> modes{
-      {"overlap_passes", {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}},
-      {"no_passes", {}},
-      {"every_pass", every_pass}};  // bucketing and the matmul/collective decomposition included
+  // name, passes, and (TP only) whether the norms' gradients stay each rank's Partial term, as
+  // PyTorch's parallelize_module leaves them (torch_block_reference.py's step reduces nothing
+  // after the backward), instead of being all_reduced in the backward.
+  struct mode {
+    std::string name;
+    std::vector<std::string> passes;
+    bool partial_norm_grads = false;
+  };
+  const std::vector<std::string> overlap{"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
+  std::vector<mode> modes{{"overlap_passes", overlap}, {"no_passes", {}},
+                          {"every_pass", every_pass}};  // bucketing and the matmul/collective decomposition included
+  if (!fsdp) modes.push_back({"overlap_passes_partial_norm_grads", overlap, true});
   std::vector<double> ms(modes.size(), 0.0), loss(modes.size(), 0.0);
   if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
@@ -95,10 +105,11 @@ int main(int argc, char** argv) {
     cg::generator gen(1234, static_cast<std::uint64_t>(d));
     const T x = (fsdp ? cg::randn<bf>({c.batch / world, c.seq, c.dim}, gen) : cg::randn<bf>({c.batch, c.seq / world, c.dim}, gen)).cuda(d);
     // Every mode of one loss (the two losses are lambdas of different types).
-    auto time_modes = [&](const auto& loss_and_grads) {
+    auto time_modes = [&](const auto& loss_and_grads, bool partial_norm_grads) {
       for (std::size_t k = 0; k < modes.size(); ++k) {
+        if (modes[k].partial_norm_grads != partial_norm_grads) continue;
         auto step = compile_step(loss_and_grads, ctx,
-                                 {.passes = modes[k].second,
+                                 {.passes = modes[k].passes,
                                   .compile = {.cuda_graph = true, .static_outputs = true},
                                   .guard = cg::function_guard::arguments},
                                  std::make_index_sequence<10>{});
@@ -110,17 +121,20 @@ int main(int argc, char** argv) {
           last_loss = std::get<0>(out);
         };
         const double t = bench::step_ms(one);
-        if (timeline && k == 0) bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + modes[k].first, 2, true, [&](int) { one(); });
+        if (timeline && (k == 0 || modes[k].partial_norm_grads))
+          bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + modes[k].name, 2, true, [&](int) { one(); });
         if (d == 0) {
           ms[k] = t;
           loss[k] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
         }
       }
     };
-    if (fsdp)
-      time_modes(cg::value_and_grad(ex::gpt_fsdp_block_loss(c, mesh), wrt));
-    else
-      time_modes(cg::value_and_grad(ex::gpt_block_loss(c, mesh), wrt));
+    if (fsdp) {
+      time_modes(cg::value_and_grad(ex::gpt_fsdp_block_loss(c, mesh), wrt), false);
+    } else {
+      time_modes(cg::value_and_grad(ex::gpt_block_loss(c, mesh), wrt), false);
+      time_modes(cg::value_and_grad(ex::gpt_block_loss(c, mesh, true), wrt), true);
+    }
   });
   // GEMMs per rank: forward 2 B L (4 D² + 2 D F) / tp FLOPs; backward twice that (x's gradient
   // flows through every linear: the norms' parameters need it).
@@ -133,10 +147,10 @@ int main(int argc, char** argv) {
               workload.c_str(), fsdp ? "FSDP" : "TP + SP");
   std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s per GPU | loss term, rank 0 |\n|---|---|---|---|---|\n");
   for (std::size_t k = 0; k < modes.size(); ++k)
-    std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), modes[k].first.c_str(), ms[k],
+    std::printf("| %s | %s | %.3f | %.0f | %.6g |\n", workload.c_str(), modes[k].name.c_str(), ms[k],
                 tflop / (ms[k] / 1e3), loss[k]);
   for (std::size_t k = 0; k < modes.size(); ++k)
-    std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), modes[k].first.c_str(), ms[k]);
+    std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), modes[k].name.c_str(), ms[k]);
   if (timeline) bench::cupti::flush();
   return 0;
 }

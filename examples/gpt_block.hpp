@@ -93,21 +93,27 @@ tensor<T> gpt_sequence_shard(const tensor<T>& x, int rank, int tp) {
 /// The block's loss term on this rank of the 1-d mesh `mesh`: (x [B, L/tp, D], the 10 local
 /// parameters in gpt_names' order) -> sum over this rank's tokens of x2² / (B L D). The loss is
 /// the sum of every rank's term; cg::value_and_grad gives each rank its parameters' gradients
-/// (the replicated norms' summed over the ranks).
-inline auto gpt_block_loss(const gpt_config& c, const device_mesh& mesh) {
-  return [c, mesh](auto x, auto ln1_w, auto ln1_b, auto wq, auto wk, auto wv, auto wo, auto ln2_w, auto ln2_b, auto w1,
-                   auto w2) {
+/// (the replicated norms' summed over the ranks, or with `partial_norm_grads` each rank's term
+/// of them, as PyTorch's parallelize_module leaves them: parallelize_options::partial_grads).
+inline auto gpt_block_loss(const gpt_config& c, const device_mesh& mesh, bool partial_norm_grads = false) {
+  return [c, mesh, partial_norm_grads](auto x, auto ln1_w, auto ln1_b, auto wq, auto wk, auto wv, auto wo, auto ln2_w,
+                                       auto ln2_b, auto w1, auto w2) {
     using V = decltype(x);
     const std::int64_t tp = mesh.size(), B = c.batch, L = c.seq, H = c.heads / tp, E = c.dim / c.heads;
     const auto block = parallelize_module(
         gpt_named(std::vector<V>{ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2}), mesh, gpt_plan(),
-        {.local_shards = true});
+        {.local_shards = true, .partial_grads = partial_norm_grads});
 
     // Attention: the normed shards gathered once for the three projections, this rank's heads.
     const V h = block.layer_norm("ln1_w", x, "ln1_b", c.eps).to_local();
     const auto hr = block.prepare_input("attention", h);
     auto heads = [&](const char* w) { return block.linear(w, hr).to_local().reshape({B, L, H, E}).transpose(1, 2); };
-    const V a = scaled_dot_product_attention(heads("wq"), heads("wk"), heads("wv"), 0.0, /*is_causal=*/true);
+    // One statement each: the order of a call's arguments is unspecified (g++ traces the last
+    // first), and the projections' order is the order their weights' gathers are waited for.
+    const V q = heads("wq");
+    const V k = heads("wk");
+    const V v = heads("wv");
+    const V a = scaled_dot_product_attention(q, k, v, 0.0, /*is_causal=*/true);
     const V merged = a.transpose(1, 2).contiguous().reshape({B, L, H * E});
     const V x1 = eval(x + block.linear("wo", merged).to_local());  // reduce_scatter to the shards
 

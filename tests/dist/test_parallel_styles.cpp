@@ -294,39 +294,53 @@ TEST_CASE("parallel.sequence_parallel_mlp.forward_backward.world2_world4") {
       CHECK(m["ln_w"].placements() == std::vector{cg::replicate()});
       CHECK(m["w1"].placements() == std::vector{cg::shard(0)});
       CHECK(m["w2"].placements() == std::vector{cg::shard(1)});
-      auto step = cg::value_and_grad(
-          [&](auto xl, auto g, auto b, auto a, auto c) {
-            using V = decltype(xl);
-            const auto tp = cg::parallelize_module(std::map<std::string, V>{{"ln_w", g}, {"ln_b", b}, {"w1", a}, {"w2", c}},
-                                                   mesh, sp_plan, {.local_shards = true});
-            const auto normed = tp.layer_norm("ln_w", xl, "ln_b");  // on the token shards
-            CHECK(normed.placements() == std::vector{cg::shard(0)});
-            const V h = cg::relu(tp.linear("w1", normed).to_local());  // all_gather first
-            const auto y = tp.linear("w2", h);                          // reduce_scatter last
-            CHECK(y.placements() == std::vector{cg::shard(0)});
-            return cg::sum(y);  // Partial(sum): each rank's tokens
-          },
-          {1, 2, 3, 4});
-      cg::comm_counter c;
-      const auto [term, gw, gb, g1, g2] =
-          step(chunk_of(x, n, r, 0), m["ln_w"].to_local(), m["ln_b"].to_local(), m["w1"].to_local(), m["w2"].to_local());
-      const auto counts = c.counts_by_phase();
-      const i64 total = c.total();
-      check_close(cg::all_reduce(term, "sum", cg::group(mesh)), ref_loss);
-      check_close(gw, ref_gw);  // replicated: summed over the ranks
-      check_close(gb, ref_gb);
-      check_close(g1, chunk_of(ref_g1, n, r, 0));
-      check_close(g2, chunk_of(ref_g2, n, r, 1));
-      CHECK(c.count("all_gather", "forward") == 1);
-      CHECK(c.count("reduce_scatter", "forward") == 1);
-      CHECK(c.count("all_reduce", "forward") == 0);
-      // Backward: the transposes (all_gather of the output's gradient, reduce_scatter of the
-      // input's), and one all_reduce per replicated parameter.
-      CHECK(c.count("all_gather", "backward") == 1);
-      CHECK(c.count("reduce_scatter", "backward") == 1);
-      CHECK(c.count("all_reduce", "backward") == 2);
-      CHECK(counts.size() == 2);
-      CHECK(total == 6);
+      // partial: the replicated norm's gradients stay each rank's term (parallelize_options::
+      // partial_grads, as PyTorch leaves them): no all_reduce in the backward, and their sum
+      // over the ranks is the whole gradient.
+      for (const bool partial : {false, true}) {
+        INFO("partial_grads ", partial);
+        auto step = cg::value_and_grad(
+            [&](auto xl, auto g, auto b, auto a, auto c) {
+              using V = decltype(xl);
+              const auto tp = cg::parallelize_module(std::map<std::string, V>{{"ln_w", g}, {"ln_b", b}, {"w1", a}, {"w2", c}},
+                                                     mesh, sp_plan, {.local_shards = true, .partial_grads = partial});
+              const auto normed = tp.layer_norm("ln_w", xl, "ln_b");  // on the token shards
+              CHECK(normed.placements() == std::vector{cg::shard(0)});
+              const V h = cg::relu(tp.linear("w1", normed).to_local());  // all_gather first
+              const auto y = tp.linear("w2", h);                          // reduce_scatter last
+              CHECK(y.placements() == std::vector{cg::shard(0)});
+              return cg::sum(y);  // Partial(sum): each rank's tokens
+            },
+            {1, 2, 3, 4});
+        cg::comm_counter c;
+        const auto [term, gw, gb, g1, g2] =
+            step(chunk_of(x, n, r, 0), m["ln_w"].to_local(), m["ln_b"].to_local(), m["w1"].to_local(), m["w2"].to_local());
+        const auto counts = c.counts_by_phase();
+        const i64 total = c.total();
+        const i64 ag_fwd = c.count("all_gather", "forward"), rs_fwd = c.count("reduce_scatter", "forward");
+        const i64 ar_fwd = c.count("all_reduce", "forward"), ag_bwd = c.count("all_gather", "backward");
+        const i64 rs_bwd = c.count("reduce_scatter", "backward"), ar_bwd = c.count("all_reduce", "backward");
+        check_close(cg::all_reduce(term, "sum", cg::group(mesh)), ref_loss);
+        if (partial) {  // each rank's term: summed here
+          check_close(cg::all_reduce(gw, "sum", cg::group(mesh)), ref_gw);
+          check_close(cg::all_reduce(gb, "sum", cg::group(mesh)), ref_gb);
+        } else {  // replicated: summed over the ranks in the backward
+          check_close(gw, ref_gw);
+          check_close(gb, ref_gb);
+        }
+        check_close(g1, chunk_of(ref_g1, n, r, 0));
+        check_close(g2, chunk_of(ref_g2, n, r, 1));
+        CHECK(ag_fwd == 1);
+        CHECK(rs_fwd == 1);
+        CHECK(ar_fwd == 0);
+        // Backward: the transposes (all_gather of the output's gradient, reduce_scatter of the
+        // input's), and one all_reduce per replicated parameter unless they stay partial.
+        CHECK(ag_bwd == 1);
+        CHECK(rs_bwd == 1);
+        CHECK(ar_bwd == (partial ? 0 : 2));
+        CHECK(counts.size() == 2);
+        CHECK(total == (partial ? 4 : 6));
+      }
     });
   }
 }

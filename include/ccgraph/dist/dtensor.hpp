@@ -40,6 +40,13 @@ struct from_local_options {
   std::optional<shape_t> shape{};
   /// The global strides (only with `shape`; default: contiguous).
   std::optional<strides_t> stride{};
+  /// Traced (inside cg::value_and_grad): leave the local value's gradient on each Replicate mesh
+  /// dim as this rank's term of it, Partial(sum), instead of summing the terms over the mesh dim
+  /// in the backward (one all_reduce per dim). That is what a PyTorch DTensor parameter laid out
+  /// Replicate holds after a backward through sharded activations (a sequence-parallel norm's
+  /// weight): the caller sums the terms where it needs the whole gradient (in the optimizer, or
+  /// bucketed with other gradients). Eager tensors carry no gradient: it changes nothing there.
+  bool partial_grads = false;
 };
 
 /// A tensor laid out on a device mesh: the calling rank's local value, one placement per mesh
@@ -221,7 +228,8 @@ class dtensor {
     }
     Local x = local;
     if (opts.run_check) x = run_check(x, mesh, placements, !opts.shape.has_value());
-    if constexpr (is_traced_v<Local>) x = replicate_grad_boundary(x, mesh, placements);
+    if constexpr (is_traced_v<Local>)
+      if (!opts.partial_grads) x = replicate_grad_boundary(x, mesh, placements);
     return dtensor(std::move(x), mesh, std::move(placements), std::move(global), opts.stride);
   }
 

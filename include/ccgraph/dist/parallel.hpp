@@ -66,7 +66,8 @@ struct rowwise_parallel {
 
 /// PyTorch's SequenceParallel: parameters (layer_norm's weight and bias) replicated; a local
 /// input is this rank's shard of `sequence_dim`; the output stays sharded there. A replicated
-/// parameter's gradient is summed over the ranks (from_local's gradient boundary).
+/// parameter's gradient is summed over the ranks (from_local's gradient boundary), or left as
+/// each rank's term with parallelize_options::partial_grads.
 struct sequence_parallel {
   /// The sequence dim of the activations (1 for (batch, seq, hidden); 0 for (tokens, hidden)).
   std::int64_t sequence_dim = 1;
@@ -106,6 +107,11 @@ struct parallelize_options {
   /// parameters laid them out: its local_params()); they are wrapped by from_local. Inside a
   /// differentiated function, this is how the shards become the function's inputs.
   bool local_shards = false;
+  /// Traced: the gradients of the Replicate parameters (sequence_parallel's norms, an unnamed
+  /// parameter) stay each rank's Partial(sum) term, as PyTorch's parallelize_module leaves them
+  /// (from_local_options::partial_grads); the caller sums them over the mesh where it needs the
+  /// whole gradient. By default each is summed in the backward (one all_reduce per parameter).
+  bool partial_grads = false;
 };
 
 /// "colwise_parallel", "rowwise_parallel", ...
@@ -403,11 +409,12 @@ auto parallelize_module(const M& module, const device_mesh& mesh, parallelize_pl
                       n);
       }
     }
+    const from_local_options fl{.partial_grads = opts.partial_grads && p.is_replicate()};
     if (opts.local_shards) {
-      out.emplace_back(name, dtensor<T, L>::from_local(value, mesh, {p}));
+      out.emplace_back(name, dtensor<T, L>::from_local(value, mesh, {p}, fl));
     } else {
       // Every rank holds the whole parameter: its piece is a local chunk (no communication).
-      const auto whole = dtensor<T, L>::from_local(value, mesh, {replicate()});
+      const auto whole = dtensor<T, L>::from_local(value, mesh, {replicate()}, fl);
       out.emplace_back(name, p.is_replicate() ? whole : whole.redistribute(mesh, {p}));
     }
   }
