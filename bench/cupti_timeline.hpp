@@ -62,6 +62,15 @@ struct record {
 inline std::mutex records_mu;
 inline std::vector<record> records;
 
+/// One CUDA runtime or driver API call (host clock): what the host spends issuing a step.
+struct api_record {
+  std::string name;  // "cudaGraphLaunch", "cuStreamWaitValue32", ...
+  bool driver = false;
+  std::uint32_t thread = 0;
+  std::uint64_t start = 0, end = 0;  // ns
+};
+inline std::vector<api_record> api_records;  // guarded by records_mu
+
 inline std::string short_name(const char* mangled) {
   if (!mangled) return "?";
   int status = 0;
@@ -90,6 +99,7 @@ inline void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, 
 inline void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t, std::size_t valid) {
   CUpti_Activity* a = nullptr;
   std::vector<record> got;
+  std::vector<api_record> apis;
   while (cuptiActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS) {
     if (a->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || a->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(a);
@@ -107,6 +117,13 @@ inline void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* bu
                      "peer copy " + std::to_string(m->bytes >> 10) + " KiB (GPU " + std::to_string(m->srcDeviceId) +
                          " -> " + std::to_string(m->dstDeviceId) + ")",
                      m->deviceId, m->streamId, m->start, m->end});
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_RUNTIME || a->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* r = reinterpret_cast<const CUpti_ActivityAPI*>(a);
+      const bool drv = a->kind == CUPTI_ACTIVITY_KIND_DRIVER;
+      const char* n = nullptr;
+      if (cuptiGetCallbackName(drv ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, r->cbid, &n) != CUPTI_SUCCESS)
+        n = nullptr;
+      apis.push_back({n ? n : "?", drv, r->threadId, r->start, r->end});
     } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(a);
       got.push_back({category::set, "memset " + std::to_string(m->bytes >> 10) + " KiB", m->deviceId,
@@ -116,14 +133,40 @@ inline void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* bu
   std::free(buffer);
   std::lock_guard lk(records_mu);
   records.insert(records.end(), got.begin(), got.end());
+  api_records.insert(api_records.end(), apis.begin(), apis.end());
 }
 
-/// Everything recorded since the last call (all devices), after the GPU finished.
-inline std::vector<record> take_records() {
+/// Everything recorded since the last call (all devices), after the GPU finished; the API
+/// calls of the same stretch go to `apis` when given (else they are dropped).
+inline std::vector<record> take_records(std::vector<api_record>* apis = nullptr) {
   CCGRAPH_CHECK_CUDA(cudaDeviceSynchronize());
   TIMELINE_CHECK_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
   std::lock_guard lk(records_mu);
+  if (apis) *apis = std::exchange(api_records, {});
+  else api_records.clear();
   return std::exchange(records, {});
+}
+
+/// The API calls that took the most host time over `steps` steps of every rank's thread: name,
+/// calls and microseconds per step, longest call. A driver call made inside a runtime call is
+/// listed too (its time is part of the runtime call's).
+inline void print_api_summary(const std::vector<api_record>& apis, int steps) {
+  struct agg {
+    int calls = 0;
+    double total_us = 0, max_us = 0;
+  };
+  std::map<std::string, agg> by;
+  for (const api_record& r : apis) {
+    agg& g = by[(r.driver ? "drv " : "rt ") + r.name];
+    const double us = static_cast<double>(r.end - r.start) / 1e3;
+    ++g.calls, g.total_us += us, g.max_us = std::max(g.max_us, us);
+  }
+  std::vector<std::pair<std::string, agg>> v(by.begin(), by.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.total_us > b.second.total_us; });
+  std::printf("\nHost API calls back to back (every rank's thread), per step:\n\n| call | calls | us | longest us |\n|---|---:|---:|---:|\n");
+  for (std::size_t i = 0; i < v.size() && i < 12; ++i)
+    std::printf("| %s | %.1f | %.1f | %.1f |\n", v[i].first.c_str(), v[i].second.calls / double(steps),
+                v[i].second.total_us / steps, v[i].second.max_us);
 }
 
 /// Summary of one step's records on `device`: its span, idle time and time per category.
@@ -180,8 +223,9 @@ inline void trace_steps(const cg::rank_context& ctx, const std::string& title, i
   const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
   summary b2b;
   std::vector<std::string> gaps;  // the idle stretches back to back, with what ended them
+  std::vector<api_record> apis;
   if (printer) {
-    std::vector<record> all = take_records(), mine;
+    std::vector<record> all = take_records(&apis), mine;
     for (record& r : all)
       if (r.device == static_cast<std::uint32_t>(ctx.device().index)) mine.push_back(std::move(r));
     b2b = summarize(mine);  // sorts by start
@@ -213,6 +257,7 @@ inline void trace_steps(const cg::rank_context& ctx, const std::string& title, i
               "20 us: %zu%s\n",
               b2b_steps, host_us, host_us / b2b_steps, gaps.size(), gaps.empty() ? "" : ":");
   for (const auto& g : gaps) std::printf("- %s\n", g.c_str());
+  print_api_summary(apis, b2b_steps);
   if (!list || last.empty()) return;
   std::map<std::uint32_t, int> streams;  // CUPTI stream ids, numbered in order of appearance
   std::printf("\nKernels of the last step (start and end in us from the step's first record):\n\n| start | end | dur | stream | blocks | what |\n|---:|---:|---:|---:|---:|---|\n");
@@ -233,6 +278,8 @@ inline void start() {
   TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
   TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
   TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2));
+  TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
+  TIMELINE_CHECK_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER));
 }
 
 /// Hands the last records over (before the program exits).
