@@ -14,7 +14,7 @@
 // median of 10. Inputs are random (randn / nn.Linear's uniform init). Prints a table and one
 // `RESULT <workload> <impl> <ms> ms` line per row; bench/torch_train_reference.py is the same step in PyTorch.
 //
-// Usage: bench_gpu_train [--quick] [--timeline] [--decompose] [--world N] [--passes P,Q,...]
+// Usage: bench_gpu_train [--quick] [--timeline] [--decompose] [--aligned] [--world N] [--passes P,Q,...]
 //   --world N    N GPUs (default: 2, or 1 where there is one)
 //   --passes     the scheduling passes of every row (default sink_waits,raise_comms,
 //                reorder_compute_for_overlap; an unknown name is cg::schedule's error)
@@ -23,6 +23,9 @@
 //                before the overlap passes, so that the last weight gradient's all_reduce (the
 //                step's exposed tail) overlaps its own GEMM's remaining chunks: every gradient
 //                split, and only those the cost model predicts exposed (decompose_only_exposed)
+//   --aligned    each row timed once more with every rank starting each step at once (a
+//                barrier of the rank threads before each step's first event): the step
+//                without the ranks' skew, a diagnostic (PyTorch's side has no such row)
 //   --timeline   after timing, GPU 0's kernels of the in-place step from CUPTI (cupti_timeline.hpp):
 //                where the step's time goes, to read beside torch_train_reference.py --profile
 #include <ccgraph/cuda.hpp>
@@ -34,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -79,8 +83,8 @@ constexpr std::size_t n_inputs = 3 + 5;
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose] [--world N] [--passes P,Q,...]",
-                         {"--quick", "--timeline", "--decompose"}, {"--world", "--passes"});
+  const bench::args args(argc, argv, "[--quick] [--timeline] [--decompose] [--aligned] [--world N] [--passes P,Q,...]",
+                         {"--quick", "--timeline", "--decompose", "--aligned"}, {"--world", "--passes"});
   // The scheduling passes every row runs (decompose_matmul_collectives goes first where a row adds it).
   std::vector<std::string> overlap_passes{"sink_waits", "raise_comms", "reorder_compute_for_overlap"};
   if (const auto p = args.value("--passes")) {
@@ -93,6 +97,9 @@ int main(int argc, char** argv) {
   }
   const bool timeline = args.has("--timeline");
   const bool decompose = args.has("--decompose");
+  // Each row timed once more with every rank starting each step at once (bench::step_ms's
+  // `align`): whether the ranks' skew is part of a step's time.
+  const bool aligned_rows = args.has("--aligned");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
     std::printf("bench_gpu_train: no GPU\n");
@@ -107,7 +114,8 @@ int main(int argc, char** argv) {
   const std::string workload = "dp_mlp_T" + std::to_string(t_rows) + "_H" + std::to_string(h) + "_F" + std::to_string(f);
   const char* names[] = {"in_place", "functional", "in_place_decomposed", "in_place_decomposed_exposed"};
   const int rows = decompose ? 4 : 2;
-  std::vector<double> ms(4, 0.0), host(4, 0.0);
+  std::vector<double> ms(4, 0.0), host(4, 0.0), aligned(4, 0.0);
+  std::barrier<> align(world);  // bench::step_ms's diagnostic: every rank starts each step at once
   std::vector<double> loss(4, 0.0);
   if (timeline) bench::cupti::start();
   cg::cuda::run_gpus(world, [&](cg::rank_context& ctx) {
@@ -142,11 +150,13 @@ int main(int argc, char** argv) {
       };
       double host_us = 0;
       const double t = bench::step_ms(one, 4, 10, &host_us);
+      const double t_aligned = aligned_rows ? bench::step_ms(one, 2, 10, nullptr, &align) : 0.0;
       if (timeline && row != 1)
         bench::cupti::trace_steps(ctx, workload + ", CUDA Graph, " + names[row], 2, true, [&](int) { one(); });
       if (ctx.rank() == 0) {
         ms[row] = t;
         host[row] = host_us;
+        aligned[row] = t_aligned;
         loss[row] = static_cast<double>(static_cast<float>(last_loss.cpu().to_vector().at(0)));
       }
     }
@@ -158,10 +168,14 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) std::snprintf(dev, sizeof dev, "%s", prop.name);
   std::printf("# bench_gpu_train: %d x %s, %s, bf16, fwd + bwd + all_reduce(avg) + AdamW, one CUDA Graph per step\n",
               world, dev, workload.c_str());
-  std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s | loss after 14 steps | host us/call |\n|---|---|---|---|---|---|\n");
-  for (int k = 0; k < rows; ++k)
-    std::printf("| %s | %s | %.3f | %.0f | %.6g | %.0f |\n", workload.c_str(), names[k], ms[k], tflop / (ms[k] / 1e3),
-                loss[k], host[k]);
+  std::printf("| workload | ccgraph | ms/step | GEMM TFLOP/s | loss after %d steps | host us/call | ms/step, ranks aligned |\n"
+              "|---|---|---|---|---|---|---|\n", aligned_rows ? 26 : 14);
+  for (int k = 0; k < rows; ++k) {
+    char cell[32] = "-";
+    if (aligned_rows) std::snprintf(cell, sizeof cell, "%.3f", aligned[k]);
+    std::printf("| %s | %s | %.3f | %.0f | %.6g | %.0f | %s |\n", workload.c_str(), names[k], ms[k],
+                tflop / (ms[k] / 1e3), loss[k], host[k], cell);
+  }
   for (int k = 0; k < rows; ++k) std::printf("RESULT %s ccgraph_%s %.3f ms\n", workload.c_str(), names[k], ms[k]);
   if (timeline) bench::cupti::flush();
   return 0;

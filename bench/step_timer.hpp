@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <vector>
 
@@ -15,9 +16,12 @@ namespace bench {
 
 /// Median milliseconds of `iters` calls of `step` after `warm`, CUDA events on this thread's stream.
 /// `host_us`, when given, gets the median microseconds the call itself takes on the host: with a
-/// synchronised step the GPU waits for whatever of it comes before the first launch.
+/// synchronised step the GPU waits for whatever of it comes before the first launch. `align`,
+/// when given (a barrier of every rank's thread), starts each timed step on every rank at once:
+/// what remains of the step is then without the ranks' skew (a diagnostic; PyTorch's side is
+/// timed without it).
 template <class F>
-double step_ms(F&& step, int warm = 4, int iters = 10, double* host_us = nullptr) {
+double step_ms(F&& step, int warm = 4, int iters = 10, double* host_us = nullptr, std::barrier<>* align = nullptr) {
   for (int i = 0; i < warm; ++i) step();
   cudaStream_t s = ccgraph::cuda::current_stream();
   CCGRAPH_CHECK_CUDA(cudaStreamSynchronize(s));
@@ -26,6 +30,7 @@ double step_ms(F&& step, int warm = 4, int iters = 10, double* host_us = nullptr
   CCGRAPH_CHECK_CUDA(cudaEventCreate(&a));
   CCGRAPH_CHECK_CUDA(cudaEventCreate(&b));
   for (int i = 0; i < iters; ++i) {
+    if (align) align->arrive_and_wait();
     CCGRAPH_CHECK_CUDA(cudaEventRecord(a, s));
     const auto h0 = std::chrono::steady_clock::now();
     step();
