@@ -151,3 +151,24 @@ TEST_CASE("fused_adamw.update_inputs") {
       });
   }
 }
+
+TEST_CASE("fused_adamw.sharding") {
+  // The sharding rule (sharding_rules::elementwise): a parameter sharded on a mesh dim updates
+  // its shard, the state and gradient laid out alike, the 0-d scalars replicated; a Partial
+  // gradient is reduced first (the update is not linear in it).
+  const cg::device_mesh mesh({2}, {"dp"});
+  const cg::shape_t w{4, 6};
+  const auto s0 = cg::shard(0), r = cg::replicate(), p = cg::partial();
+  auto choose = [&](cg::placement grad) {
+    return cg::choose_sharding(adamw_op, {{w, {s0}}, {w, {grad}}, {w, {s0}}, {w, {s0}}, {{}, {r}}, {{}, {r}}}, mesh).best();
+  };
+  const auto sharded = choose(s0);
+  CHECK(sharded.out == std::vector{s0});
+  for (std::size_t i = 0; i < 4; ++i) CHECK(sharded.in[i] == std::vector{s0});
+  CHECK(sharded.in[4] == std::vector{r});
+  CHECK(sharded.in[5] == std::vector{r});
+  // A Partial(sum) gradient: reduce-scattered to the parameter's shard, never kept Partial.
+  const auto reduced = choose(p);
+  CHECK(reduced.out == std::vector{s0});
+  CHECK(reduced.in[1] == std::vector{s0});
+}
