@@ -26,12 +26,6 @@
 
 namespace ccgraph::cuda::detail {
 
-/// 16 bytes of elements, loaded and stored as one vector.
-template <class E, int V>
-struct alignas(16) adamw_pack {
-  E x[V];
-};
-
 /// fused_adamw over n contiguous elements (see the top of this file); `vec`: every operand is
 /// 16-byte aligned, so full packs move as vectors.
 template <class E, class C>
@@ -40,18 +34,18 @@ __global__ void __launch_bounds__(pointwise_block_threads)
                        E* m_out, E* v_out, const std::int64_t n, const ::ccgraph::detail::adamw_constants<C> k,
                        const bool vec) {
   constexpr int V = pointwise_vec<E>;
-  using P = adamw_pack<E, V>;
+  using P = ::ccgraph::detail::elem_pack<E, V>;  // 16 bytes, stored as one vector
   const C s = *step_size, b = *bias_sqrt2;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x * V;
   for (std::int64_t base = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V; base < n;
        base += step) {
     if (vec && base + V <= n) {
-      P pp = *reinterpret_cast<const P*>(p + base);
-      const P gg = *reinterpret_cast<const P*>(g + base);
-      P mm = *reinterpret_cast<const P*>(m + base);
-      P vv = *reinterpret_cast<const P*>(v + base);
+      P pp = ::ccgraph::detail::load_pack_at<V, true>(p + base);
+      const P gg = ::ccgraph::detail::load_pack_at<V, true>(g + base);
+      P mm = ::ccgraph::detail::load_pack_at<V, true>(m + base);
+      P vv = ::ccgraph::detail::load_pack_at<V, true>(v + base);
 #pragma unroll
-      for (int j = 0; j < V; ++j) ::ccgraph::detail::adamw_element<E, C>(pp.x[j], gg.x[j], mm.x[j], vv.x[j], s, b, k);
+      for (int j = 0; j < V; ++j) ::ccgraph::detail::adamw_element<E, C>(pp.v[j], gg.v[j], mm.v[j], vv.v[j], s, b, k);
       *reinterpret_cast<P*>(p_out + base) = pp;
       *reinterpret_cast<P*>(m_out + base) = mm;
       *reinterpret_cast<P*>(v_out + base) = vv;
@@ -84,8 +78,9 @@ void fused_adamw_cuda(const ops::fused_adamw& o, const tensor<E>& p, const tenso
                     [&](const E* pp, const E* gp, const E* mp, const E* vp, const C* ss, const C* bs, E* po, E* mo,
                         E* vo, std::int64_t n) {
                       if (n == 0) return;
-                      const auto a16 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
-                      const bool vec = a16(pp) && a16(gp) && a16(mp) && a16(vp) && a16(po) && a16(mo) && a16(vo);
+                      using ::ccgraph::detail::aligned16;
+                      const bool vec = aligned16(pp) && aligned16(gp) && aligned16(mp) && aligned16(vp) &&
+                                       aligned16(po) && aligned16(mo) && aligned16(vo);
                       const unsigned blocks = cd::pointwise_grid(
                           n, static_cast<std::int64_t>(cd::pointwise_block_threads) * cd::pointwise_vec<E>);
                       cd::fused_adamw_kernel<E, C><<<blocks, cd::pointwise_block_threads, 0,
