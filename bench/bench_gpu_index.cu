@@ -1,6 +1,7 @@
 // bench_gpu_index: the GPU kernels of the index, GEMM and attention op families on one GPU:
 // bmm and linear (cuBLASLt, bias / bias+GELU epilogues), scaled_dot_product_attention (the fused
-// flash forward with 4- and 8-warp blocks; the tensor-core and SIMT backwards), embedding (forward and its
+// flash forward with 16 rows per warp in 4- and 8-warp blocks and 32 rows per warp in 4; the
+// tensor-core backward with both dQ kernels, and the SIMT one), embedding (forward and its
 // deterministic backward), gather and scatter_add. Prints a table (TFLOP/s or GB/s and the
 // fraction of an H100 SXM's peak: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3) and
 // `RESULT <workload> <impl> <ms> ms` lines that bench/compare_table.py merges with
@@ -150,7 +151,8 @@ void bench_sdpa(i64 B, i64 H, i64 L, i64 E, bool causal, bool backward) {
   const cg::detail::sdpa_options opt{causal};
   if (wanted(w)) {
     for (auto [which, name] : {std::pair{cg::detail::sdpa_cuda_kernel::flash4, "ccgraph_flash4"},
-                               std::pair{cg::detail::sdpa_cuda_kernel::flash8, "ccgraph_flash8"}}) {
+                               std::pair{cg::detail::sdpa_cuda_kernel::flash8, "ccgraph_flash8"},
+                               std::pair{cg::detail::sdpa_cuda_kernel::flash4x2, "ccgraph_flash4x2"}}) {
       const double ms = time_ms(
           [&](int) { cg::detail::sdpa_cuda_with<cg::bf16>(which, q, k, v, std::nullopt, opt, out, lse); }, 3,
           quick ? 5 : 20);
@@ -164,8 +166,11 @@ void bench_sdpa(i64 B, i64 H, i64 L, i64 E, bool causal, bool backward) {
          dv = cg::tensor<cg::bf16>::empty(q.shape(), cg::device::cuda(0));
     // 2.5x the forward's FLOPs: the backward's 5 products to the forward's 2 (the convention
     // flash attention reports in; ours recompute two more).
+    // ccgraph_flash: the automatic choice; ccgraph_flash4: its dQ kernel with 16 rows per warp.
     for (auto [which, name, iters] : {std::tuple{cg::detail::sdpa_cuda_kernel::automatic, "ccgraph_flash", quick ? 5 : 20},
+                                      std::tuple{cg::detail::sdpa_cuda_kernel::flash4, "ccgraph_flash4", quick ? 5 : 20},
                                       std::tuple{cg::detail::sdpa_cuda_kernel::simt, "ccgraph_simt", 2}}) {
+      if (which == cg::detail::sdpa_cuda_kernel::simt && L * B > 4096) continue;  // minutes per call
       const double ms = time_ms(
           [&](int) {
             cg::detail::sdpa_backward_cuda_with<cg::bf16>(which, go, q, k, v, out, lse, std::nullopt, opt, dq, dk, dv);
@@ -238,6 +243,7 @@ int main(int argc, char** argv) {
     for (i64 B : quick ? std::vector<i64>{1, 4} : std::vector<i64>{1, 2, 4, 8})
       for (bool causal : {false, true}) bench_sdpa(B, 32, 4096, 128, causal, B == 1);
     bench_sdpa(4, 32, 4096, 64, true, false);
+    bench_sdpa(4, 16, 2048, 128, true, true);  // the TP block's attention on each of 2 ranks
     bench_embedding(128256, 4096, 8192);
     bench_embedding(32000, 4096, 16384);
     bench_gather_scatter(8192, 4096, 1024);

@@ -112,6 +112,15 @@ def main():
                 report(w, "torch_sdpa",
                        time_ms(lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 3, n(20)),
                        flops=flops)
+                # FlashAttention-2 (PyTorch's flash backend, mma.sync like ccgraph's kernels);
+                # torch_sdpa above is PyTorch's default choice (cuDNN's on Hopper).
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                def flash2():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        report(w, "torch_flash2", time_ms(
+                            lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 3, n(20)),
+                            flops=flops)
+                guarded(w, "torch_flash2", flash2)
         if backward and wanted(wb):
             qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
             out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
@@ -121,6 +130,17 @@ def main():
                 torch.autograd.grad(out, (qg, kg, vg), go, retain_graph=True)
 
             report(wb, "torch_sdpa", time_ms(step, 2, n(10)), flops=2.5 * flops)
+
+            def flash2_bwd():
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    out2 = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+
+                def step2(i):
+                    torch.autograd.grad(out2, (qg, kg, vg), go, retain_graph=True)
+
+                report(wb, "torch_flash2", time_ms(step2, 2, n(10)), flops=2.5 * flops)
+            guarded(wb, "torch_flash2", flash2_bwd)
 
     def embedding(V, D, N):
         w = f"embedding_bf16_V{V}_D{D}_N{N}"
@@ -157,6 +177,7 @@ def main():
         for causal in (False, True):
             sdpa(B, 32, 4096, 128, causal, B == 1)
     sdpa(4, 32, 4096, 64, True, False)
+    sdpa(4, 16, 2048, 128, True, True)  # the TP block's attention on each of 2 ranks
     embedding(128256, 4096, 8192)
     embedding(32000, 4096, 16384)
     gather_scatter(8192, 4096, 1024)

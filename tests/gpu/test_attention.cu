@@ -1,7 +1,7 @@
 // scaled_dot_product_attention on the GPU (ccgraph/cuda/attention.cuh) against the CPU kernels
 // (ccgraph/ops/attention.hpp, themselves checked against double precision in
-// tests/ops/test_attention.cpp), on the same random inputs: the fused tensor-core forward (both
-// block shapes) and the SIMT forward for every dtype, head dims 64 and 128 and others, partial
+// tests/ops/test_attention.cpp), on the same random inputs: the fused tensor-core forward (every
+// block shape: 16 and 32 rows per warp) and the SIMT forward for every dtype, head dims 64 and 128 and others, partial
 // tiles, causal with L <= S and L > S, bool and additive masks (broadcast), fully masked rows,
 // strided and misaligned inputs; the backward (tensor-core and SIMT) for every dtype. Skipped
 // without a GPU.
@@ -113,6 +113,9 @@ const std::vector<fwd_case> flash_cases = {
     {2, 3, 129, 65, 128, 128, true, 0, true},    // strided [B, L, H, E]
     {1, 2, 80, 80, 64, 64, false, 0, false, true},  // misaligned q: copied for the fused kernel
     {1, 1, 50, 60, 64, 64, false, 0, false, false, 0.3},
+    {1, 2, 300, 200, 64, 64, true},              // causal, several unmasked tiles before the diagonal
+    {1, 1, 200, 333, 128, 128, true},            // the same with L < S
+    {1, 1, 260, 190, 128, 128},                  // unmasked tiles, then a partial one
 };
 
 const std::vector<fwd_case> simt_cases = {
@@ -134,6 +137,7 @@ GPU_TEST_CASE("sdpa.cuda.flash.bf16") {
   for (const auto& c : flash_cases) {
     run_forward<cg::bf16>(c, sdpa_cuda_kernel::automatic);
     run_forward<cg::bf16>(c, sdpa_cuda_kernel::flash8);
+    run_forward<cg::bf16>(c, sdpa_cuda_kernel::flash4x2);
   }
 }
 
@@ -141,6 +145,7 @@ GPU_TEST_CASE("sdpa.cuda.flash.f16") {
   for (const auto& c : flash_cases) {
     run_forward<cg::f16>(c, sdpa_cuda_kernel::flash4);
     run_forward<cg::f16>(c, sdpa_cuda_kernel::flash8);
+    run_forward<cg::f16>(c, sdpa_cuda_kernel::flash4x2);
   }
 }
 
@@ -156,10 +161,10 @@ GPU_TEST_CASE("sdpa.cuda.simt.every_dtype") {
 }
 
 GPU_TEST_CASE("sdpa.cuda.automatic_runs_a_fused_kernel_on_large_batches") {
-  // The automatic choice is the 64-row fused kernel on small and large batches alike (the
-  // 128-row one measured slower everywhere, bench/RESULTS.md): the result is that kernel's
-  // (checked against the CPU above) bit for bit, and the two kernels agree within a rounding
-  // of bf16.
+  // The automatic choice is the kernel of 32 rows per warp where its blocks give every SM two,
+  // else the one of 16 rows per warp (bench/RESULTS.md): the result is that kernel's (checked
+  // against the CPU above) bit for bit, and the kernels agree within a rounding of bf16. 512
+  // blocks of 128 rows fill any GPU this runs on (an H200 has 132 SMs); 32 blocks of 64 do not.
   for (const i64 L : {2048, 64}) {
     CAPTURE(L);
     const i64 B = 2, H = 16, E = 64;
@@ -171,10 +176,40 @@ GPU_TEST_CASE("sdpa.cuda.automatic_runs_a_fused_kernel_on_large_batches") {
       return out.cpu();
     };
     const auto automatic = run(sdpa_cuda_kernel::automatic);
-    const auto expected = run(sdpa_cuda_kernel::flash4);
+    const auto expected = run(L == 2048 ? sdpa_cuda_kernel::flash4x2 : sdpa_cuda_kernel::flash4);
     check_bitwise(automatic, expected, "automatic vs the kernel it should pick");
     check_close(run(sdpa_cuda_kernel::flash8), run(sdpa_cuda_kernel::flash4), fwd_tol<cg::bf16>(),
                 fwd_tol<cg::bf16>(), "flash8 vs flash4");
+    check_close(run(sdpa_cuda_kernel::flash4x2), run(sdpa_cuda_kernel::flash4), fwd_tol<cg::bf16>(),
+                fwd_tol<cg::bf16>(), "flash4x2 vs flash4");
+  }
+}
+
+GPU_TEST_CASE("sdpa_backward.cuda.automatic_picks_the_dq_kernel_by_size") {
+  // The dQ kernel's choice follows the forward's rule (32 rows per warp where the blocks fill
+  // the GPU): bit for bit the forced kernel's result, and the two agree within bf16 rounding.
+  for (const i64 L : {2048, 64}) {
+    CAPTURE(L);
+    const i64 B = 2, H = 16, E = 128;
+    const cg::detail::sdpa_options opt{true, std::nullopt, 0.0};
+    auto q = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 41), k = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 42),
+         v = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 43), go = device_uniform<cg::bf16>({B, H, L, E}, -1, 1, 44);
+    auto out = device_poisoned<cg::bf16>({B, H, L, E});
+    auto lse = device_poisoned<float>({B, H, L});
+    cg::detail::sdpa_cuda<cg::bf16>(q, k, v, std::nullopt, opt, out, lse);
+    auto run = [&](sdpa_cuda_kernel which) {
+      auto gq = device_poisoned<cg::bf16>(q.shape()), gk = device_poisoned<cg::bf16>(q.shape()),
+           gv = device_poisoned<cg::bf16>(q.shape());
+      cg::detail::sdpa_backward_cuda_with<cg::bf16>(which, go, q, k, v, out, lse, std::nullopt, opt, gq, gk, gv);
+      return std::vector<cg::tensor<cg::bf16>>{gq.cpu(), gk.cpu(), gv.cpu()};
+    };
+    const auto automatic = run(sdpa_cuda_kernel::automatic);
+    const auto expected = run(L == 2048 ? sdpa_cuda_kernel::flash4x2 : sdpa_cuda_kernel::flash4);
+    const auto other = run(L == 2048 ? sdpa_cuda_kernel::flash4 : sdpa_cuda_kernel::flash4x2);
+    for (int i = 0; i < 3; ++i) {
+      check_bitwise(automatic[i], expected[i], "automatic vs the kernel it should pick");
+      check_close(other[i], expected[i], 4e-2, 4e-2, "16 vs 32 rows per warp");
+    }
   }
 }
 
@@ -278,6 +313,8 @@ const std::vector<fwd_case> flash_backward_cases = {
     {1, 2, 70, 64, 128, 128, false, 3},
     {2, 2, 35, 40, 64, 64, true, 0, true},
     {1, 1, 50, 60, 64, 64, false, 0, false, false, 0.3},
+    {1, 1, 300, 300, 128, 128, true},            // causal, several unmasked tiles before the diagonal
+    {1, 1, 260, 190, 64, 64},                    // unmasked tiles, then a partial one
 };
 
 }  // namespace attention_gpu_test
@@ -296,6 +333,7 @@ GPU_TEST_CASE("sdpa_backward.cuda.flash") {
   for (const auto& c : flash_backward_cases) {
     run_backward<cg::bf16>(c, sdpa_cuda_kernel::automatic);
     run_backward<cg::f16>(c, sdpa_cuda_kernel::flash4);
+    run_backward<cg::bf16>(c, sdpa_cuda_kernel::flash4x2);
     run_backward<float>(c, sdpa_cuda_kernel::automatic);  // f32: the SIMT kernels
   }
 }

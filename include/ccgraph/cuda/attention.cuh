@@ -2,13 +2,16 @@
 // backward, with the semantics of ccgraph/ops/attention.hpp (its CPU kernels are the reference).
 //
 // Forward, two kernels:
-//  - fused (flash-attention 2 style) for bf16/f16 with head dims E = Ev = 64 or 128: a block
-//    takes 16 query rows per warp, keeps them in registers, and streams 64-key tiles of K and V
-//    through shared memory (cp.async, the next tile loading while the current one is used);
-//    Q Kᵀ and P V run on the tensor cores (mma.sync m16n8k16, float accumulation) with an
-//    online softmax in float between them (scores in the log2 domain, exp2). Causal blocks stop
-//    at the diagonal. Any strides with a unit last dim and 16-byte aligned rows; otherwise the
-//    inputs are copied first.
+//  - fused (flash-attention 2 style) for bf16/f16 with head dims E = Ev = 64 or 128: a block of
+//    4 warps takes 32 query rows per warp (16 when that leaves SMs idle), and streams 64-key
+//    tiles of K and V through shared memory (cp.async, the next tile loading while the current
+//    one is used); each K/V fragment read from shared memory serves both 16-row tiles, which
+//    halves the shared-memory traffic that bounds 16 rows per warp. Q Kᵀ and P V run on the
+//    tensor cores (mma.sync m16n8k16, float accumulation) with an online softmax in float
+//    between them (scores in the log2 domain, exp2). Causal blocks stop at the diagonal and run
+//    longest first; tiles with no masked score run a copy of the loop without the masking.
+//    Any strides with a unit last dim and 16-byte aligned rows; otherwise the inputs are
+//    copied first.
 //  - SIMT for everything else (f32, f64, other head dims up to 256; masks of any broadcast):
 //    one warp per query row, a lane per key of a 32-key tile staged in shared memory, the same
 //    online softmax in float (double for f64).
@@ -16,8 +19,8 @@
 // stored), deterministic (no atomics: dQ and dK/dV are separate kernels):
 //  - tensor-core kernels for bf16/f16 with E = Ev = 64 or 128: delta = rowsum(dO ∘ O) per row;
 //    dK/dV per 64 keys, each warp computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for its 16 keys so that
-//    Pᵀ and dSᵀ feed dV += Pᵀ dO and dK += dSᵀ Q straight from registers; dQ per 64 queries
-//    (S, dP recomputed, dQ += dS K). dS and P are rounded to T before their products, as
+//    Pᵀ and dSᵀ feed dV += Pᵀ dO and dK += dSᵀ Q straight from registers; dQ per 128 queries
+//    (64 when that leaves SMs idle; S, dP recomputed, dQ += dS K). dS and P are rounded to T before their products, as
 //    flash attention does.
 //  - SIMT kernels for everything else: the same two passes, a warp per row, a lane per column
 //    of a 32-wide tile.
@@ -234,13 +237,14 @@ __global__ void __launch_bounds__(32 * attn_simt_warps) attn_fwd_simt_kernel(con
 
 // ---- fused tensor-core forward (bf16 / f16) --------------------------------------------------
 
-/// Tile sizes of the fused forward for head dim D with W warps: 16 query rows per warp, 64-key
-/// tiles, shared-memory rows padded by 16 bytes (ldmatrix's eight row addresses then fall in
-/// eight different bank groups).
-template <int D, int W>
+/// Tile sizes of the fused forward for head dim D with W warps of R 16-row query tiles each,
+/// BN-key tiles, shared-memory rows padded by 16 bytes (ldmatrix's eight row addresses then fall
+/// in eight different bank groups). R = 2 reads each K/V fragment from shared memory once for
+/// two row tiles, halving the shared-memory traffic per product, which bounds R = 1 on Hopper.
+template <int D, int W, int R = 1, int BN = 64>
 struct flash_config {
-  static constexpr int block_m = 16 * W;
-  static constexpr int block_n = 64;
+  static constexpr int block_m = 16 * R * W;
+  static constexpr int block_n = BN;
   static constexpr int threads = 32 * W;
   static constexpr int pitch = D + 8;  // elements
   static constexpr int smem_bytes = (block_m + 2 * block_n) * pitch * 2;
@@ -323,10 +327,13 @@ __device__ __forceinline__ void attn_load_tile(T* dst, const T* src, long long s
   }
 }
 
-template <class T, class M, int D, int W, int MaskKind, bool Causal>
+template <class T, class M, int D, int W, int R, int TN, int MaskKind, bool Causal>
 __global__ void __launch_bounds__(32 * W) attn_fwd_flash_kernel(const attn_args a) {
-  using cfg = flash_config<D, W>;
+  using cfg = flash_config<D, W, R, TN>;
   constexpr int BM = cfg::block_m, BN = cfg::block_n, P = cfg::pitch;
+  // One row tile keeps its Q fragments in registers; two would not fit beside their outputs, so
+  // they read Q from shared memory at each step of the k loop.
+  constexpr bool q_in_regs = R == 1;
   constexpr float log2e = 1.4426950408889634f, ln2 = 0.6931471805599453f;
   const float ninf = -std::numeric_limits<float>::infinity();
   extern __shared__ __align__(16) unsigned char attn_smem[];
@@ -336,10 +343,13 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_flash_kernel(const attn_args 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int num_m = (a.L + BM - 1) / BM;
-  const int bh = static_cast<int>(blockIdx.x) / num_m;
-  const int mb = num_m - 1 - static_cast<int>(blockIdx.x) % num_m;  // longest (causal) blocks first
+  // Causal blocks run longest first over all heads (the tail of the grid is then short ones);
+  // otherwise a head's blocks run together, sharing its K and V in L2.
+  const int bh = Causal ? static_cast<int>(blockIdx.x) % a.BH : static_cast<int>(blockIdx.x) / num_m;
+  const int mb = num_m - 1 - (Causal ? static_cast<int>(blockIdx.x) / a.BH : static_cast<int>(blockIdx.x) % num_m);
   const int b = bh / a.H, h = bh % a.H;
   const int m0 = mb * BM;
+  const int wrow = m0 + warp * 16 * R;  // this warp's first row
   const T* q = attn_ptr<const T>(a.q, b, h);
   const T* k = attn_ptr<const T>(a.k, b, h);
   const T* v = attn_ptr<const T>(a.v, b, h);
@@ -352,100 +362,135 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_flash_kernel(const attn_args 
   if (num_n > 0) attn_load_tile<D, cfg::threads>(sk, k, a.k.sr, BN, min(BN, a.S), tid);
   attn_cp_async_commit();
 
-  unsigned qf[D / 16][4];
-  float o[D / 8][4];
+  unsigned qf[q_in_regs ? D / 16 : 1][4];
+  float o[R][D / 8][4];
+  float m_row[R][2], l_row[R][2];
 #pragma unroll
-  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  float m_row[2] = {ninf, ninf}, l_row[2] = {0.f, 0.f};
-  const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) o[r][d][0] = o[r][d][1] = o[r][d][2] = o[r][d][3] = 0.f;
+    m_row[r][0] = m_row[r][1] = ninf;
+    l_row[r][0] = l_row[r][1] = 0.f;
+  }
+  unsigned pf[R][BN / 16][4];
 
-  for (int nb = 0; nb < num_n; ++nb) {
+  // One K/V tile; Edge: a tile that may hold masked scores (an explicit mask, past S, or right
+  // of some row's diagonal). Interior tiles are compiled without the masking, which keeps the
+  // registers of the hot loop down.
+  auto tile = [&](const int nb, auto edge_c) {
+    constexpr bool Edge = decltype(edge_c)::value;
     const int n0 = nb * BN;
     attn_cp_async_wait_all();
     __syncthreads();  // K tile nb landed; every warp is done with V tile nb - 1
-    if (nb == 0) {
+    if constexpr (q_in_regs) {
+      if (nb == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        attn_ldsm_x4(attn_smem_addr(sq + (warp * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3)), qf[kk][0],
-                     qf[kk][1], qf[kk][2], qf[kk][3]);
+        for (int kk = 0; kk < D / 16; ++kk)
+          attn_ldsm_x4(attn_smem_addr(sq + (warp * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3)), qf[kk][0],
+                       qf[kk][1], qf[kk][2], qf[kk][3]);
+      }
     }
     attn_load_tile<D, cfg::threads>(sv, v + static_cast<long long>(n0) * a.v.sr, a.v.sr, BN, min(BN, a.S - n0), tid);
     attn_cp_async_commit();
 
-    // S = Q Kᵀ: this warp's 16 rows x 64 keys, 8 n-blocks of 8 keys.
-    float s[BN / 8][4];
+    // A causal tile wholly right of this warp's last row adds nothing to its rows: skip its
+    // products (the warp still loads and synchronises with the block).
+    const bool active = !Edge || !Causal || n0 <= wrow + 16 * R - 1;
+    if (active) {
+      // S = Q Kᵀ: this warp's 16 R rows x BN keys, n-blocks of 8 keys.
+      float s[R][BN / 8][4];
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+        for (int j = 0; j < BN / 8; ++j) s[r][j][0] = s[r][j][1] = s[r][j][2] = s[r][j][3] = 0.f;
 #pragma unroll
-      for (int j = 0; j < BN / 8; j += 2) {
-        unsigned b0, b1, b2, b3;
-        attn_ldsm_x4(attn_smem_addr(sk + (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3)),
-                     b0, b1, b2, b3);
-        attn_mma<T>(s[j], qf[kk], b0, b1);
-        attn_mma<T>(s[j + 1], qf[kk], b2, b3);
-      }
-    }
-    // Scale into the log2 domain; mask (explicit, causal, past S) with -inf.
-    const bool edge = n0 + BN > a.S || (Causal && n0 + BN - 1 > m0 + warp * 16);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned qa[R][4];
+        if constexpr (q_in_regs) {
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
+          for (int e = 0; e < 4; ++e) qa[0][e] = qf[kk][e];
+        } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = row0 + (e >> 1) * 8, c = n0 + j * 8 + 2 * t + (e & 1);
-        float x = s[j][e] * sl2;
-        if constexpr (MaskKind != 0) {
-          if (r < a.L && c < a.S) x += attn_mask_term<MaskKind, float>(mask + r * a.mask.sr + c * a.mask.sc) * log2e;
+          for (int r = 0; r < R; ++r)
+            attn_ldsm_x4(attn_smem_addr(sq + ((warp * R + r) * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3)),
+                         qa[r][0], qa[r][1], qa[r][2], qa[r][3]);
         }
-        if (edge && (c >= a.S || (Causal && c > r))) x = ninf;
-        s[j][e] = x;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j += 2) {
+          unsigned b0, b1, b2, b3;
+          attn_ldsm_x4(attn_smem_addr(sk + (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3)),
+                       b0, b1, b2, b3);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            attn_mma<T>(s[r][j], qa[r], b0, b1);
+            attn_mma<T>(s[r][j + 1], qa[r], b2, b3);
+          }
+        }
       }
-    }
-    // Online softmax: the row max over the tile (a row's 64 values are spread over the 4
-    // threads of a quad), rescale the running sum and output.
-    float mx[2] = {m_row[0], m_row[1]};
+      // Scale into the log2 domain; mask (explicit, causal, past S) with -inf.
+      const bool edge = Edge && (n0 + BN > a.S || (Causal && n0 + BN - 1 > wrow));
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-    }
-    float base[2], alpha[2];
+      for (int r = 0; r < R; ++r) {
+        const int row0 = wrow + r * 16 + g;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      base[r] = mx[r] == ninf ? 0.f : mx[r];
-      alpha[r] = attn_exp2(m_row[r] - base[r]);
-      m_row[r] = mx[r];
-    }
-    float rs[2] = {0.f, 0.f};
+        for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      s[j][0] = attn_exp2(s[j][0] - base[0]);
-      s[j][1] = attn_exp2(s[j][1] - base[0]);
-      s[j][2] = attn_exp2(s[j][2] - base[1]);
-      s[j][3] = attn_exp2(s[j][3] - base[1]);
-      rs[0] += s[j][0] + s[j][1];
-      rs[1] += s[j][2] + s[j][3];
-    }
-    l_row[0] = l_row[0] * alpha[0] + rs[0];
-    l_row[1] = l_row[1] * alpha[1] + rs[1];
+          for (int e = 0; e < 4; ++e) {
+            const int rr = row0 + (e >> 1) * 8, c = n0 + j * 8 + 2 * t + (e & 1);
+            float x = s[r][j][e] * sl2;
+            if constexpr (Edge && MaskKind != 0) {
+              if (rr < a.L && c < a.S)
+                x += attn_mask_term<MaskKind, float>(mask + rr * a.mask.sr + c * a.mask.sc) * log2e;
+            }
+            if (edge && (c >= a.S || (Causal && c > rr))) x = ninf;
+            s[r][j][e] = x;
+          }
+        }
+        // Online softmax: the row max over the tile (a row's BN values are spread over the 4
+        // threads of a quad), rescale the running sum and output.
+        float mx[2] = {m_row[r][0], m_row[r][1]};
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d) {
-      o[d][0] *= alpha[0];
-      o[d][1] *= alpha[0];
-      o[d][2] *= alpha[1];
-      o[d][3] *= alpha[1];
-    }
-    // P as A operands: the accumulator layout of two 8-key blocks is the A layout of 16 keys.
-    unsigned pf[BN / 16][4];
+        for (int j = 0; j < BN / 8; ++j) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[r][j][0], s[r][j][1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[r][j][2], s[r][j][3]));
+        }
+        float base[2], alpha[2];
 #pragma unroll
-    for (int kb = 0; kb < BN / 16; ++kb) {
-      pf[kb][0] = attn_pack2<T>(s[2 * kb][0], s[2 * kb][1]);
-      pf[kb][1] = attn_pack2<T>(s[2 * kb][2], s[2 * kb][3]);
-      pf[kb][2] = attn_pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
-      pf[kb][3] = attn_pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+        for (int i = 0; i < 2; ++i) {
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+          base[i] = mx[i] == ninf ? 0.f : mx[i];
+          alpha[i] = attn_exp2(m_row[r][i] - base[i]);
+          m_row[r][i] = mx[i];
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          s[r][j][0] = attn_exp2(s[r][j][0] - base[0]);
+          s[r][j][1] = attn_exp2(s[r][j][1] - base[0]);
+          s[r][j][2] = attn_exp2(s[r][j][2] - base[1]);
+          s[r][j][3] = attn_exp2(s[r][j][3] - base[1]);
+          rs[0] += s[r][j][0] + s[r][j][1];
+          rs[1] += s[r][j][2] + s[r][j][3];
+        }
+        l_row[r][0] = l_row[r][0] * alpha[0] + rs[0];
+        l_row[r][1] = l_row[r][1] * alpha[1] + rs[1];
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+          o[r][d][0] *= alpha[0];
+          o[r][d][1] *= alpha[0];
+          o[r][d][2] *= alpha[1];
+          o[r][d][3] *= alpha[1];
+        }
+        // P as A operands: the accumulator layout of two 8-key blocks is the A layout of 16 keys.
+#pragma unroll
+        for (int kb = 0; kb < BN / 16; ++kb) {
+          pf[r][kb][0] = attn_pack2<T>(s[r][2 * kb][0], s[r][2 * kb][1]);
+          pf[r][kb][1] = attn_pack2<T>(s[r][2 * kb][2], s[r][2 * kb][3]);
+          pf[r][kb][2] = attn_pack2<T>(s[r][2 * kb + 1][0], s[r][2 * kb + 1][1]);
+          pf[r][kb][3] = attn_pack2<T>(s[r][2 * kb + 1][2], s[r][2 * kb + 1][3]);
+        }
+      }
     }
     attn_cp_async_wait_all();
     __syncthreads();  // V tile nb landed; every warp is done with K tile nb
@@ -454,44 +499,59 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_flash_kernel(const attn_args 
                                       min(BN, a.S - n0 - BN), tid);
       attn_cp_async_commit();
     }
-    // O += P V: V read transposed by ldmatrix (keys are V's rows, the k dim of this product).
+    if (active) {
+      // O += P V: V read transposed by ldmatrix (keys are V's rows, the k dim of this product).
 #pragma unroll
-    for (int kb = 0; kb < BN / 16; ++kb) {
+      for (int kb = 0; kb < BN / 16; ++kb) {
 #pragma unroll
-      for (int d = 0; d < D / 8; d += 2) {
-        unsigned b0, b1, b2, b3;
-        attn_ldsm_x4_trans(attn_smem_addr(sv + (kb * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + d * 8 + ((lane >> 4) << 3)),
-                           b0, b1, b2, b3);
-        attn_mma<T>(o[d], pf[kb], b0, b1);
-        attn_mma<T>(o[d + 1], pf[kb], b2, b3);
+        for (int d = 0; d < D / 8; d += 2) {
+          unsigned b0, b1, b2, b3;
+          attn_ldsm_x4_trans(
+              attn_smem_addr(sv + (kb * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + d * 8 + ((lane >> 4) << 3)), b0,
+              b1, b2, b3);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            attn_mma<T>(o[r][d], pf[r][kb], b0, b1);
+            attn_mma<T>(o[r][d + 1], pf[r][kb], b2, b3);
+          }
+        }
       }
     }
-  }
+  };
+  // Tiles with no masked score: below every row's diagonal and inside S, with no explicit mask.
+  const int n_full = MaskKind != 0 ? 0 : min(num_n, Causal ? min(a.S, m0) / BN : a.S / BN);
+  for (int nb = 0; nb < n_full; ++nb) tile(nb, std::false_type{});
+  for (int nb = n_full; nb < num_n; ++nb) tile(nb, std::true_type{});
   attn_cp_async_wait_all();
 
   // The row sums over the quad, then out = o / l (0 for a fully masked row) and lse.
   T* out = attn_ptr<T>(a.o, b, h);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_row[r] += __shfl_xor_sync(0xffffffffu, l_row[r], 1);
-    l_row[r] += __shfl_xor_sync(0xffffffffu, l_row[r], 2);
-  }
-  const float inv0 = l_row[0] == 0.f ? 0.f : 1.f / l_row[0];
-  const float inv1 = l_row[1] == 0.f ? 0.f : 1.f / l_row[1];
+  for (int r = 0; r < R; ++r) {
+    const int row0 = wrow + r * 16 + g;  // this thread's rows: row0 and row0 + 8
 #pragma unroll
-  for (int d = 0; d < D / 8; ++d) {
-    const int col = d * 8 + 2 * t;
-    if (row0 < a.L)
-      *reinterpret_cast<unsigned*>(out + row0 * a.o.sr + col) = attn_pack2<T>(o[d][0] * inv0, o[d][1] * inv0);
-    if (row0 + 8 < a.L)
-      *reinterpret_cast<unsigned*>(out + (row0 + 8) * a.o.sr + col) = attn_pack2<T>(o[d][2] * inv1, o[d][3] * inv1);
-  }
-  if (a.lse.p && t == 0) {
-    float* lse = attn_ptr<float>(a.lse, b, h);
+    for (int i = 0; i < 2; ++i) {
+      l_row[r][i] += __shfl_xor_sync(0xffffffffu, l_row[r][i], 1);
+      l_row[r][i] += __shfl_xor_sync(0xffffffffu, l_row[r][i], 2);
+    }
+    const float inv0 = l_row[r][0] == 0.f ? 0.f : 1.f / l_row[r][0];
+    const float inv1 = l_row[r][1] == 0.f ? 0.f : 1.f / l_row[r][1];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + 8 * r;
-      if (row < a.L) lse[row] = m_row[r] == ninf ? ninf : (m_row[r] + ::log2f(l_row[r])) * ln2;
+    for (int d = 0; d < D / 8; ++d) {
+      const int col = d * 8 + 2 * t;
+      if (row0 < a.L)
+        *reinterpret_cast<unsigned*>(out + row0 * a.o.sr + col) = attn_pack2<T>(o[r][d][0] * inv0, o[r][d][1] * inv0);
+      if (row0 + 8 < a.L)
+        *reinterpret_cast<unsigned*>(out + (row0 + 8) * a.o.sr + col) =
+            attn_pack2<T>(o[r][d][2] * inv1, o[r][d][3] * inv1);
+    }
+    if (a.lse.p && t == 0) {
+      float* lse = attn_ptr<float>(a.lse, b, h);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = row0 + 8 * i;
+        if (row < a.L) lse[row] = m_row[r][i] == ninf ? ninf : (m_row[r][i] + ::log2f(l_row[r][i])) * ln2;
+      }
     }
   }
 }
@@ -739,8 +799,9 @@ struct flash_bwd_config {
   static constexpr int pitch = D + 8;
   /// dK/dV: the block's K and V rows, two buffers of a Q and a dO tile, two of lse and delta.
   static constexpr int dkv_smem = (2 * rows + 4 * tile) * pitch * 2 + 4 * tile * 4;
-  /// dQ: the block's Q and dO rows, two buffers of a K and a V tile.
-  static constexpr int dq_smem = (2 * rows + 4 * tile) * pitch * 2;
+  /// dQ with R row tiles per warp: the block's Q and dO rows, two buffers of a K and a V tile.
+  template <int R>
+  static constexpr int dq_smem = (2 * rows * R + 4 * tile) * pitch * 2;
 };
 
 /// dK and dV for 64 keys: each warp holds 16 keys' rows of dK and dV in registers and, per
@@ -760,7 +821,10 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int num_n = (a.S + R - 1) / R;
-  const int bh = static_cast<int>(blockIdx.x) / num_n, nb = static_cast<int>(blockIdx.x) % num_n;
+  // Causal blocks run longest first (the first keys) over all heads; otherwise a head's blocks
+  // run together, sharing its Q and dO in L2.
+  const int bh = Causal ? static_cast<int>(blockIdx.x) % a.BH : static_cast<int>(blockIdx.x) / num_n;
+  const int nb = Causal ? static_cast<int>(blockIdx.x) / a.BH : static_cast<int>(blockIdx.x) % num_n;
   const int b = bh / a.H, h = bh % a.H;
   const int k0 = nb * R;
   const T* q = attn_ptr<const T>(a.q, b, h);
@@ -805,7 +869,10 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
     for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
   const int key0 = k0 + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
 
-  for (int it = 0; it < num_i; ++it) {
+  // One Q/dO tile; Edge: a tile that may hold masked scores (an explicit mask, or queries
+  // before some of the block's keys).
+  auto tile = [&](const int it, auto edge_c) {
+    constexpr bool Edge = decltype(edge_c)::value;
     const int buf = it & 1, i0 = i_begin + it * TQ;
     attn_cp_async_wait_all();
     __syncthreads();  // tile it landed; every warp is done with tile it - 1 (the other buffer)
@@ -813,6 +880,8 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
       load_tile(it + 1, buf ^ 1);
       attn_cp_async_commit();
     }
+    // Queries all before this warp's first key see none of its keys.
+    if (Edge && Causal && i0 + TQ - 1 < k0 + warp * 16) return;
     const T* sq = sqd + buf * 2 * TQ * P;
     const T* sdo = sq + TQ * P;
     const float* st = sst + buf * 2 * TQ;
@@ -846,10 +915,10 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
       for (int e = 0; e < 4; ++e) {
         const int r = key0 + (e >> 1) * 8, cl = j * 8 + 2 * t + (e & 1), c = i0 + cl;
         float x = s[j][e] * sl2;
-        if constexpr (MaskKind != 0) {
+        if constexpr (Edge && MaskKind != 0) {
           if (c < a.L && r < a.S) x += attn_mask_term<MaskKind, float>(mask + c * a.mask.sr + r * a.mask.sc) * log2e;
         }
-        if (Causal && r > c) x = ninf;
+        if (Edge && Causal && r > c) x = ninf;
         const float p = attn_exp2(x - st[cl]);
         s[j][e] = p;
         dp[j][e] = p * (dp[j][e] - st[TQ + cl]);
@@ -877,7 +946,11 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
         attn_mma<T>(dk[d + 1], da, b2, b3);
       }
     }
-  }
+  };
+  // Query tiles at or after the block's last key (every score unmasked) come after the edge ones.
+  const int it_edge = MaskKind != 0 ? num_i : Causal ? min(num_i, (k0 + R - 1 - i_begin + TQ - 1) / TQ) : 0;
+  for (int it = 0; it < it_edge; ++it) tile(it, std::true_type{});
+  for (int it = it_edge; it < num_i; ++it) tile(it, std::false_type{});
   attn_cp_async_wait_all();
   T* dkp = attn_ptr<T>(a.dk, b, h);
   T* dvp = attn_ptr<T>(a.dv, b, h);
@@ -896,25 +969,30 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
   }
 }
 
-/// dQ for 64 queries: each warp keeps its 16 rows of Q and dO as A operands and of dQ in
-/// registers and, per 32-key tile, recomputes S = Q Kᵀ and dP = dO Vᵀ, then dQ += dS K.
-template <class T, class M, int D, int MaskKind, bool Causal>
+/// dQ for 64 R queries: each warp owns R 16-row tiles of queries, keeps their dQ in registers
+/// and, per 32-key tile, recomputes S = Q Kᵀ and dP = dO Vᵀ, then dQ += dS K. With R = 1 the
+/// warp's Q and dO fragments stay in registers; with R = 2 they are read from shared memory at
+/// each step (they would not fit beside dQ), and each K/V fragment serves two row tiles.
+template <class T, class M, int D, int R, int MaskKind, bool Causal>
 __global__ void __launch_bounds__(128) attn_bwd_dq_flash_kernel(const attn_args a) {
   using cfg = flash_bwd_config<D>;
-  constexpr int R = cfg::rows, TK = cfg::tile, P = cfg::pitch, NT = cfg::threads;
+  constexpr int BM = cfg::rows * R, TK = cfg::tile, P = cfg::pitch, NT = cfg::threads;
+  constexpr bool in_regs = R == 1;
   constexpr float log2e = 1.4426950408889634f;
   const float ninf = -std::numeric_limits<float>::infinity(), pinf = std::numeric_limits<float>::infinity();
   extern __shared__ __align__(16) unsigned char attn_smem[];
   T* sq = reinterpret_cast<T*>(attn_smem);
-  T* sdo = sq + R * P;
-  T* skv = sdo + R * P;  // buffer i: K tile at skv + i * 2 * TK * P, V tile right after it
+  T* sdo = sq + BM * P;
+  T* skv = sdo + BM * P;  // buffer i: K tile at skv + i * 2 * TK * P, V tile right after it
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const int num_m = (a.L + R - 1) / R;
-  const int bh = static_cast<int>(blockIdx.x) / num_m;
-  const int mb = num_m - 1 - static_cast<int>(blockIdx.x) % num_m;  // longest (causal) blocks first
+  const int num_m = (a.L + BM - 1) / BM;
+  // Causal blocks run longest first over all heads; otherwise a head's blocks run together.
+  const int bh = Causal ? static_cast<int>(blockIdx.x) % a.BH : static_cast<int>(blockIdx.x) / num_m;
+  const int mb = num_m - 1 - (Causal ? static_cast<int>(blockIdx.x) / a.BH : static_cast<int>(blockIdx.x) % num_m);
   const int b = bh / a.H, h = bh % a.H;
-  const int m0 = mb * R;
+  const int m0 = mb * BM;
+  const int wrow = m0 + warp * 16 * R;  // this warp's first row
   const T* q = attn_ptr<const T>(a.q, b, h);
   const T* k = attn_ptr<const T>(a.k, b, h);
   const T* v = attn_ptr<const T>(a.v, b, h);
@@ -924,9 +1002,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_flash_kernel(const attn_args 
   const M* mask = MaskKind ? attn_ptr<const M>(a.mask, b, h) : nullptr;
   const float sl2 = static_cast<float>(a.scale) * log2e;
 
-  attn_load_tile<D, NT>(sq, q + static_cast<long long>(m0) * a.q.sr, a.q.sr, R, min(R, a.L - m0), tid);
-  attn_load_tile<D, NT>(sdo, dout + static_cast<long long>(m0) * a.dout.sr, a.dout.sr, R, min(R, a.L - m0), tid);
-  const int n_end = Causal ? min(a.S, m0 + R) : a.S;
+  attn_load_tile<D, NT>(sq, q + static_cast<long long>(m0) * a.q.sr, a.q.sr, BM, min(BM, a.L - m0), tid);
+  attn_load_tile<D, NT>(sdo, dout + static_cast<long long>(m0) * a.dout.sr, a.dout.sr, BM, min(BM, a.L - m0), tid);
+  const int n_end = Causal ? min(a.S, m0 + BM) : a.S;
   const int num_n = (n_end + TK - 1) / TK;
   auto load_tile = [&](int nt, int buf) {
     const int n0 = nt * TK;
@@ -937,103 +1015,157 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_flash_kernel(const attn_args 
   if (num_n > 0) load_tile(0, 0);
   attn_cp_async_commit();
 
-  const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
-  float lse2[2], dl[2];
+  float lse2[R][2], dl[R][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + 8 * r;
-    lse2[r] = pinf;
-    dl[r] = 0.f;
-    if (row < a.L) {
-      const float x = lse[row];
-      lse2[r] = x == ninf ? pinf : x * log2e;
-      dl[r] = delta[row];
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = wrow + r * 16 + g + 8 * i;
+      lse2[r][i] = pinf;
+      dl[r][i] = 0.f;
+      if (row < a.L) {
+        const float x = lse[row];
+        lse2[r][i] = x == ninf ? pinf : x * log2e;
+        dl[r][i] = delta[row];
+      }
     }
   }
-  unsigned qf[D / 16][4], gf[D / 16][4];
-  float dq[D / 8][4];
+  unsigned qf[in_regs ? D / 16 : 1][4], gf[in_regs ? D / 16 : 1][4];
+  float dq[R][D / 8][4];
 #pragma unroll
-  for (int d = 0; d < D / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) dq[r][d][0] = dq[r][d][1] = dq[r][d][2] = dq[r][d][3] = 0.f;
 
-  for (int nt = 0; nt < num_n; ++nt) {
+  // One K/V tile; Edge: a tile that may hold masked scores (see the forward).
+  auto tile = [&](const int nt, auto edge_c) {
+    constexpr bool Edge = decltype(edge_c)::value;
     const int buf = nt & 1, n0 = nt * TK;
     attn_cp_async_wait_all();
     __syncthreads();  // tile nt landed; every warp is done with tile nt - 1 (the other buffer)
-    if (nt == 0) {
+    if constexpr (in_regs) {
+      if (nt == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int arow = (warp * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3);
-        attn_ldsm_x4(attn_smem_addr(sq + arow), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
-        attn_ldsm_x4(attn_smem_addr(sdo + arow), gf[kk][0], gf[kk][1], gf[kk][2], gf[kk][3]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int arow = (warp * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3);
+          attn_ldsm_x4(attn_smem_addr(sq + arow), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+          attn_ldsm_x4(attn_smem_addr(sdo + arow), gf[kk][0], gf[kk][1], gf[kk][2], gf[kk][3]);
+        }
       }
     }
     if (nt + 1 < num_n) {
       load_tile(nt + 1, buf ^ 1);
       attn_cp_async_commit();
     }
+    // A causal key tile wholly right of this warp's last row adds nothing to its rows.
+    if (Edge && Causal && n0 > wrow + 16 * R - 1) return;
     const T* skb = skv + buf * 2 * TK * P;
     const T* svb = skb + TK * P;
-    float s[TK / 8][4], dp[TK / 8][4];
+    float s[R][TK / 8][4], dp[R][TK / 8][4];
 #pragma unroll
-    for (int j = 0; j < TK / 8; ++j)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+      for (int j = 0; j < TK / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][j][e] = dp[r][j][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      unsigned qa[R][4], ga[R][4];
+      if constexpr (in_regs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          qa[0][e] = qf[kk][e];
+          ga[0][e] = gf[kk][e];
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int arow = ((warp * R + r) * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3);
+          attn_ldsm_x4(attn_smem_addr(sq + arow), qa[r][0], qa[r][1], qa[r][2], qa[r][3]);
+          attn_ldsm_x4(attn_smem_addr(sdo + arow), ga[r][0], ga[r][1], ga[r][2], ga[r][3]);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < TK / 8; j += 2) {
         const int brow = (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3);
         unsigned b0, b1, b2, b3;
         attn_ldsm_x4(attn_smem_addr(skb + brow), b0, b1, b2, b3);
-        attn_mma<T>(s[j], qf[kk], b0, b1);
-        attn_mma<T>(s[j + 1], qf[kk], b2, b3);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          attn_mma<T>(s[r][j], qa[r], b0, b1);
+          attn_mma<T>(s[r][j + 1], qa[r], b2, b3);
+        }
         attn_ldsm_x4(attn_smem_addr(svb + brow), b0, b1, b2, b3);
-        attn_mma<T>(dp[j], gf[kk], b0, b1);
-        attn_mma<T>(dp[j + 1], gf[kk], b2, b3);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          attn_mma<T>(dp[r][j], ga[r], b0, b1);
+          attn_mma<T>(dp[r][j + 1], ga[r], b2, b3);
+        }
       }
     }
-    // dS = P ∘ (dP - delta), element (query r, key c).
+    // dS = P ∘ (dP - delta), element (query row, key c).
 #pragma unroll
-    for (int j = 0; j < TK / 8; ++j) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = row0 + (e >> 1) * 8, c = n0 + j * 8 + 2 * t + (e & 1);
-        float x = s[j][e] * sl2;
-        if constexpr (MaskKind != 0) {
-          if (r < a.L && c < a.S) x += attn_mask_term<MaskKind, float>(mask + r * a.mask.sr + c * a.mask.sc) * log2e;
+      for (int j = 0; j < TK / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = wrow + r * 16 + g + (e >> 1) * 8, c = n0 + j * 8 + 2 * t + (e & 1);
+          float x = s[r][j][e] * sl2;
+          if constexpr (Edge && MaskKind != 0) {
+            if (row < a.L && c < a.S)
+              x += attn_mask_term<MaskKind, float>(mask + row * a.mask.sr + c * a.mask.sc) * log2e;
+          }
+          if (Edge && (c >= a.S || (Causal && c > row))) x = ninf;
+          const float p = attn_exp2(x - lse2[r][e >> 1]);
+          s[r][j][e] = p * (dp[r][j][e] - dl[r][e >> 1]);
         }
-        if (c >= a.S || (Causal && c > r)) x = ninf;
-        const float p = attn_exp2(x - lse2[e >> 1]);
-        s[j][e] = p * (dp[j][e] - dl[e >> 1]);
       }
     }
     // dQ += dS K over the tile's 32 keys (the k dim), K read transposed by ldmatrix.
 #pragma unroll
     for (int kb = 0; kb < TK / 16; ++kb) {
-      const unsigned da[4] = {attn_pack2<T>(s[2 * kb][0], s[2 * kb][1]), attn_pack2<T>(s[2 * kb][2], s[2 * kb][3]),
-                              attn_pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]),
-                              attn_pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+      unsigned da[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        da[r][0] = attn_pack2<T>(s[r][2 * kb][0], s[r][2 * kb][1]);
+        da[r][1] = attn_pack2<T>(s[r][2 * kb][2], s[r][2 * kb][3]);
+        da[r][2] = attn_pack2<T>(s[r][2 * kb + 1][0], s[r][2 * kb + 1][1]);
+        da[r][3] = attn_pack2<T>(s[r][2 * kb + 1][2], s[r][2 * kb + 1][3]);
+      }
 #pragma unroll
       for (int d = 0; d < D / 8; d += 2) {
         unsigned b0, b1, b2, b3;
         attn_ldsm_x4_trans(
             attn_smem_addr(skb + (kb * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + d * 8 + ((lane >> 4) << 3)), b0,
             b1, b2, b3);
-        attn_mma<T>(dq[d], da, b0, b1);
-        attn_mma<T>(dq[d + 1], da, b2, b3);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          attn_mma<T>(dq[r][d], da[r], b0, b1);
+          attn_mma<T>(dq[r][d + 1], da[r], b2, b3);
+        }
       }
     }
-  }
+  };
+  const int n_full = MaskKind != 0 ? 0 : min(num_n, Causal ? min(a.S, m0) / TK : a.S / TK);
+  for (int nt = 0; nt < n_full; ++nt) tile(nt, std::false_type{});
+  for (int nt = n_full; nt < num_n; ++nt) tile(nt, std::true_type{});
   attn_cp_async_wait_all();
   T* dqp = attn_ptr<T>(a.dq, b, h);
   const float scale = static_cast<float>(a.scale);
 #pragma unroll
-  for (int d = 0; d < D / 8; ++d) {
-    const int col = d * 8 + 2 * t;
-    if (row0 < a.L)
-      *reinterpret_cast<unsigned*>(dqp + row0 * a.dq.sr + col) = attn_pack2<T>(dq[d][0] * scale, dq[d][1] * scale);
-    if (row0 + 8 < a.L)
-      *reinterpret_cast<unsigned*>(dqp + (row0 + 8) * a.dq.sr + col) = attn_pack2<T>(dq[d][2] * scale, dq[d][3] * scale);
+  for (int r = 0; r < R; ++r) {
+    const int row0 = wrow + r * 16 + g;  // this thread's rows: row0 and row0 + 8
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      const int col = d * 8 + 2 * t;
+      if (row0 < a.L)
+        *reinterpret_cast<unsigned*>(dqp + row0 * a.dq.sr + col) =
+            attn_pack2<T>(dq[r][d][0] * scale, dq[r][d][1] * scale);
+      if (row0 + 8 < a.L)
+        *reinterpret_cast<unsigned*>(dqp + (row0 + 8) * a.dq.sr + col) =
+            attn_pack2<T>(dq[r][d][2] * scale, dq[r][d][3] * scale);
+    }
   }
 }
 
@@ -1051,6 +1183,14 @@ void attn_allow_smem(std::size_t bytes) {
   if (slot.load(std::memory_order_relaxed) >= bytes) return;
   CCGRAPH_CHECK_CUDA(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   slot.store(bytes, std::memory_order_relaxed);
+}
+
+/// Whether BH heads of L rows in blocks of `rows` give every SM of the current device at least
+/// two blocks (the residency of the 32-rows-per-warp kernels): below that, blocks of half the
+/// rows finish sooner by using more SMs.
+inline bool attn_fills_gpu(int BH, int L, int rows) {
+  const long long blocks = static_cast<long long>(BH) * ((L + rows - 1) / rows);
+  return blocks >= 2ll * pointwise_sm_count();
 }
 
 /// Throws cuda_error when the launch just issued failed.
@@ -1078,8 +1218,10 @@ void attn_visit_mask(bool has_mask, bool causal, F&& f) {
 namespace ccgraph::detail {
 
 /// Which kernel sdpa_cuda runs: the automatic choice, or one forced (tests, benchmarks): the fused
-/// tensor-core kernel with 64-row (4 warps) or 128-row (8 warps) blocks, or the SIMT one.
-enum class sdpa_cuda_kernel { automatic, flash4, flash8, simt };
+/// tensor-core kernel with 64-row blocks (4 warps of 16 rows), 128-row blocks of 8 warps of 16
+/// rows, or 128-row blocks of 4 warps of 32 rows (flash4x2), or the SIMT one. In the backward,
+/// flash4 and flash8 run the dQ kernel with 16 rows per warp, flash4x2 with 32.
+enum class sdpa_cuda_kernel { automatic, flash4, flash8, simt, flash4x2 };
 
 /// The pieces of one attention launch set: operand tensors' batch layouts split into the outer
 /// dims (looped on the host) and the two inner ones (b, h) of each launch.
@@ -1157,7 +1299,8 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
     };
     const bool dims = s.E == s.Ev && (s.E == 64 || s.E == 128);
     const bool out_ok = reinterpret_cast<std::uintptr_t>(out.data_unsynced()) % 4 == 0;  // pair stores
-    const bool forced = which == sdpa_cuda_kernel::flash4 || which == sdpa_cuda_kernel::flash8;
+    const bool forced = which == sdpa_cuda_kernel::flash4 || which == sdpa_cuda_kernel::flash8 ||
+                        which == sdpa_cuda_kernel::flash4x2;
     flash = forced || (which == sdpa_cuda_kernel::automatic && dims && out_ok);
     CCGRAPH_CHECK(!flash || (dims && out_ok), what,
                   ": the fused kernel needs E == Ev in {64, 128} and a 4-byte aligned output, got E=", s.E,
@@ -1211,26 +1354,39 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
       using ME = std::remove_pointer_t<decltype(mask_elem)>;
       if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
         if (flash) {
-          auto run = [&](auto d_c, auto w_c) {
-            constexpr int D = decltype(d_c)::value, W = decltype(w_c)::value;
-            using cfg = cd::flash_config<D, W>;
-            constexpr auto kernel = cd::attn_fwd_flash_kernel<T, ME, D, W, MK, C>;
+          auto run = [&](auto d_c, auto w_c, auto r_c, auto n_c) {
+            constexpr int D = decltype(d_c)::value, W = decltype(w_c)::value, R = decltype(r_c)::value,
+                          BN = decltype(n_c)::value;
+            using cfg = cd::flash_config<D, W, R, BN>;
+            constexpr auto kernel = cd::attn_fwd_flash_kernel<T, ME, D, W, R, BN, MK, C>;
             cd::attn_allow_smem<kernel>(cfg::smem_bytes);
             const long long blocks = static_cast<long long>(la.BH) * ((la.L + cfg::block_m - 1) / cfg::block_m);
             CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
             kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::smem_bytes, stream>>>(la);
           };
-          // The automatic choice is the 64-row (4-warp) kernel: the 128-row one, which reads each
-          // K/V tile for twice the rows, measured 5-27% slower on every shape of bench_gpu_index
-          // (H200, 2026-11-26, bench/RESULTS.md), large batches included.
-          const bool eight = which == sdpa_cuda_kernel::flash8;
-          if (la.E == 64) {
-            if (eight) run(std::integral_constant<int, 64>{}, std::integral_constant<int, 8>{});
-            else run(std::integral_constant<int, 64>{}, std::integral_constant<int, 4>{});
-          } else {
-            if (eight) run(std::integral_constant<int, 128>{}, std::integral_constant<int, 8>{});
-            else run(std::integral_constant<int, 128>{}, std::integral_constant<int, 4>{});
-          }
+          using i1 = std::integral_constant<int, 1>;
+          using i2 = std::integral_constant<int, 2>;
+          using i4 = std::integral_constant<int, 4>;
+          using i8 = std::integral_constant<int, 8>;
+          using i64 = std::integral_constant<int, 64>;
+          auto by_kernel = [&](auto d_c) {
+            // The automatic choice: 4 warps of 32 rows where that fills the GPU, otherwise 4 of
+            // 16 (twice the blocks). 32 rows per warp ran 1.2-1.5x faster on every large shape
+            // of bench_gpu_index, 16 rows 1.4x faster on 24 blocks (H200, 2026-11-28,
+            // bench/RESULTS.md); 8 warps of 16 rows were slower than both.
+            switch (which) {
+              case sdpa_cuda_kernel::flash8: run(d_c, i8{}, i1{}, i64{}); break;
+              case sdpa_cuda_kernel::flash4: run(d_c, i4{}, i1{}, i64{}); break;
+              case sdpa_cuda_kernel::flash4x2: run(d_c, i4{}, i2{}, i64{}); break;
+              default:
+                if (cd::attn_fills_gpu(la.BH, la.L, 128))
+                  run(d_c, i4{}, i2{}, i64{});
+                else
+                  run(d_c, i4{}, i1{}, i64{});
+            }
+          };
+          if (la.E == 64) by_kernel(std::integral_constant<int, 64>{});
+          else by_kernel(std::integral_constant<int, 128>{});
           return;
         }
       }
@@ -1386,14 +1542,23 @@ void sdpa_backward_cuda_with(sdpa_cuda_kernel which, const tensor<T>& grad_out_i
               kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::dkv_smem, stream>>>(la);
               cd::attn_check_launch("scaled_dot_product_attention_backward: dk/dv kernel launch", __FILE__, __LINE__);
             }
-            {
-              constexpr auto kernel = cd::attn_bwd_dq_flash_kernel<T, ME, D, MK, C>;
-              cd::attn_allow_smem<kernel>(cfg::dq_smem);
-              const long long blocks = static_cast<long long>(la.BH) * ((la.L + cfg::rows - 1) / cfg::rows);
+            auto dq = [&](auto r_c) {
+              constexpr int R = decltype(r_c)::value;
+              constexpr auto kernel = cd::attn_bwd_dq_flash_kernel<T, ME, D, R, MK, C>;
+              constexpr int smem = cfg::template dq_smem<R>;
+              cd::attn_allow_smem<kernel>(smem);
+              const long long blocks = static_cast<long long>(la.BH) * ((la.L + R * cfg::rows - 1) / (R * cfg::rows));
               CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
-              kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::dq_smem, stream>>>(la);
+              kernel<<<static_cast<unsigned>(blocks), cfg::threads, smem, stream>>>(la);
               cd::attn_check_launch("scaled_dot_product_attention_backward: dq kernel launch", __FILE__, __LINE__);
-            }
+            };
+            // Two row tiles per warp (as in the forward) where their blocks fill the GPU.
+            const bool two = which == sdpa_cuda_kernel::flash4x2 ||
+                             (which == sdpa_cuda_kernel::automatic && cd::attn_fills_gpu(la.BH, la.L, 2 * cfg::rows));
+            if (two)
+              dq(std::integral_constant<int, 2>{});
+            else
+              dq(std::integral_constant<int, 1>{});
           };
           if (la.E == 64)
             run(std::integral_constant<int, 64>{});
