@@ -18,9 +18,11 @@
 // Backward, recomputing the probabilities from the forward's lse (no [L, S] matrix is ever
 // stored), deterministic (no atomics: dQ and dK/dV are separate kernels):
 //  - tensor-core kernels for bf16/f16 with E = Ev = 64 or 128: delta = rowsum(dO ∘ O) per row;
-//    dK/dV per 64 keys, each warp computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for its 16 keys so that
-//    Pᵀ and dSᵀ feed dV += Pᵀ dO and dK += dSᵀ Q straight from registers; dQ per 128 queries
-//    (64 when that leaves SMs idle; S, dP recomputed, dQ += dS K). dS and P are rounded to T before their products, as
+//    dK/dV per 64 keys, a pair of warps per 32 keys: per 64-query step each warp computes Sᵀ =
+//    K Qᵀ and dPᵀ = V dOᵀ for its pair's keys and half the queries, Pᵀ and dSᵀ go through
+//    shared memory, and each warp accumulates dV += Pᵀ dO and dK += dSᵀ Q for its pair's keys
+//    and half the head dim; dQ per 128 queries (64 when that leaves SMs idle; S, dP
+//    recomputed, dQ += dS K). dS and P are rounded to T before their products, as
 //    flash attention does.
 //  - SIMT kernels for everything else: the same two passes, a warp per row, a lane per column
 //    of a 32-wide tile.
@@ -788,45 +790,63 @@ __global__ void __launch_bounds__(256) attn_bwd_delta_kernel(const attn_args a) 
   if (lane == 0) attn_ptr<float>(a.delta, b, h)[row] = part;
 }
 
-/// Tiles of the tensor-core backward for head dim D (E = Ev = D): 4 warps of 16 rows (keys in
-/// the dK/dV kernel, queries in the dQ kernel), stepping over 32 queries (resp. keys) at a time
-/// through double-buffered shared memory.
+/// Tiles of the tensor-core dQ kernel for head dim D (E = Ev = D): 4 warps of 16 R query rows,
+/// stepping over 32 keys at a time through double-buffered shared memory.
 template <int D>
 struct flash_bwd_config {
   static constexpr int threads = 128;
   static constexpr int rows = 64;
   static constexpr int tile = 32;
   static constexpr int pitch = D + 8;
-  /// dK/dV: the block's K and V rows, two buffers of a Q and a dO tile, two of lse and delta.
-  static constexpr int dkv_smem = (2 * rows + 4 * tile) * pitch * 2 + 4 * tile * 4;
   /// dQ with R row tiles per warp: the block's Q and dO rows, two buffers of a K and a V tile.
   template <int R>
   static constexpr int dq_smem = (2 * rows * R + 4 * tile) * pitch * 2;
 };
 
-/// dK and dV for 64 keys: each warp holds 16 keys' rows of dK and dV in registers and, per
-/// 32-query tile, computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for its keys (so that Pᵀ and dSᵀ are
-/// already in the A-operand layout), then dV += Pᵀ dO and dK += dSᵀ Q.
+/// Tiles of the paired dK/dV kernel for head dim D: 64 keys per block, two pairs of warps of 32
+/// keys each, 64 queries per step (single-buffered: two blocks share an SM and hide each
+/// other's loads), and Pᵀ / dSᵀ of the step exchanged through shared memory.
+template <int D>
+struct flash_bwd_dkv_pair_config {
+  static constexpr int threads = 128;
+  static constexpr int keys = 64;
+  static constexpr int tile = 64;
+  static constexpr int pitch = D + 8;
+  static constexpr int ppitch = tile + 8;  // Pᵀ / dSᵀ rows: 8 rows' stores fall in 8 bank groups
+  static constexpr int smem = (2 * keys + 2 * tile) * pitch * 2 + 2 * keys * ppitch * 2 + 2 * tile * 4;
+};
+
+/// dK and dV for 64 keys, a pair of warps per 32 keys. Per 64-query step each warp computes Sᵀ =
+/// K Qᵀ and dPᵀ = V dOᵀ for its pair's 32 keys and one half of the queries (each Q/dO fragment
+/// then serves two key tiles), writes Pᵀ and dSᵀ to shared memory, and after a barrier
+/// accumulates dV += Pᵀ dO and dK += dSᵀ Q for its pair's 32 keys and one half of the head dim
+/// over all 64 queries. Against one warp per 16 keys over the whole head dim, this reads about
+/// 30% fewer shared-memory fragments per product, which bound that kernel.
 template <class T, class M, int D, int MaskKind, bool Causal>
-__global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args a) {
-  using cfg = flash_bwd_config<D>;
-  constexpr int R = cfg::rows, TQ = cfg::tile, P = cfg::pitch, NT = cfg::threads;
+__global__ void __launch_bounds__(128) attn_bwd_dkv_pair_kernel(const attn_args a) {
+  using cfg = flash_bwd_dkv_pair_config<D>;
+  constexpr int BK = cfg::keys, TQ = cfg::tile, P = cfg::pitch, PP = cfg::ppitch, NT = cfg::threads, DH = D / 2;
   constexpr float log2e = 1.4426950408889634f;
   const float ninf = -std::numeric_limits<float>::infinity(), pinf = std::numeric_limits<float>::infinity();
   extern __shared__ __align__(16) unsigned char attn_smem[];
   T* sk = reinterpret_cast<T*>(attn_smem);
-  T* sv = sk + R * P;
-  T* sqd = sv + R * P;  // buffer i: Q tile at sqd + i * 2 * TQ * P, dO tile right after it
-  float* sst = reinterpret_cast<float*>(sqd + 4 * TQ * P);  // buffer i: lse (log2, +inf: none) then delta
+  T* sv = sk + BK * P;
+  T* sq = sv + BK * P;
+  T* sdo = sq + TQ * P;
+  T* sp = sdo + TQ * P;
+  T* sds = sp + BK * PP;
+  float* sst = reinterpret_cast<float*>(sds + BK * PP);  // lse (log2, +inf: none) then delta
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const int num_n = (a.S + R - 1) / R;
+  const int wkey = (warp >> 1) * 32;  // the pair's first key in the block
+  const int half = warp & 1;          // queries half * 32.. in the S step, dims half * DH.. after
+  const int num_n = (a.S + BK - 1) / BK;
   // Causal blocks run longest first (the first keys) over all heads; otherwise a head's blocks
   // run together, sharing its Q and dO in L2.
   const int bh = Causal ? static_cast<int>(blockIdx.x) % a.BH : static_cast<int>(blockIdx.x) / num_n;
   const int nb = Causal ? static_cast<int>(blockIdx.x) / a.BH : static_cast<int>(blockIdx.x) % num_n;
   const int b = bh / a.H, h = bh % a.H;
-  const int k0 = nb * R;
+  const int k0 = nb * BK;
   const T* q = attn_ptr<const T>(a.q, b, h);
   const T* k = attn_ptr<const T>(a.k, b, h);
   const T* v = attn_ptr<const T>(a.v, b, h);
@@ -836,17 +856,14 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
   const M* mask = MaskKind ? attn_ptr<const M>(a.mask, b, h) : nullptr;
   const float sl2 = static_cast<float>(a.scale) * log2e;
 
-  attn_load_tile<D, NT>(sk, k + static_cast<long long>(k0) * a.k.sr, a.k.sr, R, min(R, a.S - k0), tid);
-  attn_load_tile<D, NT>(sv, v + static_cast<long long>(k0) * a.v.sr, a.v.sr, R, min(R, a.S - k0), tid);
+  attn_load_tile<D, NT>(sk, k + static_cast<long long>(k0) * a.k.sr, a.k.sr, BK, min(BK, a.S - k0), tid);
+  attn_load_tile<D, NT>(sv, v + static_cast<long long>(k0) * a.v.sr, a.v.sr, BK, min(BK, a.S - k0), tid);
   const int i_begin = Causal ? (k0 / TQ) * TQ : 0;  // earlier queries see none of these keys
   const int num_i = i_begin < a.L ? (a.L - i_begin + TQ - 1) / TQ : 0;
-  auto load_tile = [&](int it, int buf) {
+  auto load_tile = [&](int it) {
     const int i0 = i_begin + it * TQ;
-    T* sq = sqd + buf * 2 * TQ * P;
     attn_load_tile<D, NT>(sq, q + static_cast<long long>(i0) * a.q.sr, a.q.sr, TQ, min(TQ, a.L - i0), tid);
-    attn_load_tile<D, NT>(sq + TQ * P, dout + static_cast<long long>(i0) * a.dout.sr, a.dout.sr, TQ, min(TQ, a.L - i0),
-                          tid);
-    float* st = sst + buf * 2 * TQ;
+    attn_load_tile<D, NT>(sdo, dout + static_cast<long long>(i0) * a.dout.sr, a.dout.sr, TQ, min(TQ, a.L - i0), tid);
     for (int j = tid; j < TQ; j += NT) {
       const int row = i0 + j;
       float l = pinf, dl = 0.f;
@@ -855,116 +872,161 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_flash_kernel(const attn_args
         l = x == ninf ? pinf : x * log2e;  // a fully masked row: P = 0 there
         dl = delta[row];
       }
-      st[j] = l;
-      st[TQ + j] = dl;
+      sst[j] = l;
+      sst[TQ + j] = dl;
     }
   };
-  if (num_i > 0) load_tile(0, 0);
+  if (num_i > 0) load_tile(0);
   attn_cp_async_commit();
 
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[2][DH / 8][4], dv[2][DH / 8][4];
 #pragma unroll
-  for (int d = 0; d < D / 8; ++d)
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
-  const int key0 = k0 + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
+    for (int d = 0; d < DH / 8; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[m][d][e] = dv[m][d][e] = 0.f;
 
-  // One Q/dO tile; Edge: a tile that may hold masked scores (an explicit mask, or queries
+  // One 64-query step; Edge: a step that may hold masked scores (an explicit mask, or queries
   // before some of the block's keys).
-  auto tile = [&](const int it, auto edge_c) {
+  auto step = [&](const int it, auto edge_c) {
     constexpr bool Edge = decltype(edge_c)::value;
-    const int buf = it & 1, i0 = i_begin + it * TQ;
+    const int i0 = i_begin + it * TQ;
     attn_cp_async_wait_all();
-    __syncthreads();  // tile it landed; every warp is done with tile it - 1 (the other buffer)
+    __syncthreads();  // Q/dO step it and its lse/delta landed
+    // Sᵀ and dPᵀ for the pair's 32 keys (2 row tiles) x this warp's 32 queries (4 column blocks).
+    // Queries all before the pair's first key see none of its keys: P = dS = 0.
+    const bool none = Edge && Causal && i0 + half * 32 + 31 < k0 + wkey;
+    float s[2][4][4], dp[2][4][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[m][j][e] = dp[m][j][e] = 0.f;
+    if (!none) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned ka[2][4], va[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int arow = (wkey + m * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3);
+          attn_ldsm_x4(attn_smem_addr(sk + arow), ka[m][0], ka[m][1], ka[m][2], ka[m][3]);
+          attn_ldsm_x4(attn_smem_addr(sv + arow), va[m][0], va[m][1], va[m][2], va[m][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          const int brow = (half * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3);
+          unsigned b0, b1, b2, b3;
+          attn_ldsm_x4(attn_smem_addr(sq + brow), b0, b1, b2, b3);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            attn_mma<T>(s[m][j], ka[m], b0, b1);
+            attn_mma<T>(s[m][j + 1], ka[m], b2, b3);
+          }
+          attn_ldsm_x4(attn_smem_addr(sdo + brow), b0, b1, b2, b3);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            attn_mma<T>(dp[m][j], va[m], b0, b1);
+            attn_mma<T>(dp[m][j + 1], va[m], b2, b3);
+          }
+        }
+      }
+      // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - delta), element (key r, query c).
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = k0 + wkey + m * 16 + g + (e >> 1) * 8, cl = half * 32 + j * 8 + 2 * t + (e & 1), c = i0 + cl;
+            float x = s[m][j][e] * sl2;
+            if constexpr (Edge && MaskKind != 0) {
+              if (c < a.L && r < a.S) x += attn_mask_term<MaskKind, float>(mask + c * a.mask.sr + r * a.mask.sc) * log2e;
+            }
+            if (Edge && Causal && r > c) x = ninf;
+            const float p = attn_exp2(x - sst[cl]);
+            s[m][j][e] = p;
+            dp[m][j][e] = p * (dp[m][j][e] - sst[TQ + cl]);
+          }
+        }
+      }
+    }
+    // Rounded to T (as the products use them) into the step's Pᵀ and dSᵀ rows.
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = wkey + m * 16 + g, col = half * 32 + j * 8 + 2 * t;
+        *reinterpret_cast<unsigned*>(sp + row * PP + col) = attn_pack2<T>(s[m][j][0], s[m][j][1]);
+        *reinterpret_cast<unsigned*>(sp + (row + 8) * PP + col) = attn_pack2<T>(s[m][j][2], s[m][j][3]);
+        *reinterpret_cast<unsigned*>(sds + row * PP + col) = attn_pack2<T>(dp[m][j][0], dp[m][j][1]);
+        *reinterpret_cast<unsigned*>(sds + (row + 8) * PP + col) = attn_pack2<T>(dp[m][j][2], dp[m][j][3]);
+      }
+    }
+    __syncthreads();  // the step's Pᵀ and dSᵀ are complete
+    // dV += Pᵀ dO and dK += dSᵀ Q for the pair's 32 keys x this warp's DH dims, over the step's
+    // 64 queries (the k dim); Q and dO read transposed by ldmatrix. A pair whose keys no query of
+    // the step sees adds nothing.
+    if (!(Edge && Causal && i0 + TQ - 1 < k0 + wkey)) {
+#pragma unroll
+      for (int kq = 0; kq < TQ / 16; ++kq) {
+        unsigned pa[2][4], da[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int arow = (wkey + m * 16 + (lane & 15)) * PP + kq * 16 + ((lane >> 4) << 3);
+          attn_ldsm_x4(attn_smem_addr(sp + arow), pa[m][0], pa[m][1], pa[m][2], pa[m][3]);
+          attn_ldsm_x4(attn_smem_addr(sds + arow), da[m][0], da[m][1], da[m][2], da[m][3]);
+        }
+#pragma unroll
+        for (int d = 0; d < DH / 8; d += 2) {
+          const int trow = (kq * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + half * DH + d * 8 + ((lane >> 4) << 3);
+          unsigned b0, b1, b2, b3;
+          attn_ldsm_x4_trans(attn_smem_addr(sdo + trow), b0, b1, b2, b3);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            attn_mma<T>(dv[m][d], pa[m], b0, b1);
+            attn_mma<T>(dv[m][d + 1], pa[m], b2, b3);
+          }
+          attn_ldsm_x4_trans(attn_smem_addr(sq + trow), b0, b1, b2, b3);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            attn_mma<T>(dk[m][d], da[m], b0, b1);
+            attn_mma<T>(dk[m][d + 1], da[m], b2, b3);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with Q, dO, Pᵀ and dSᵀ of this step
     if (it + 1 < num_i) {
-      load_tile(it + 1, buf ^ 1);
+      load_tile(it + 1);
       attn_cp_async_commit();
     }
-    // Queries all before this warp's first key see none of its keys.
-    if (Edge && Causal && i0 + TQ - 1 < k0 + warp * 16) return;
-    const T* sq = sqd + buf * 2 * TQ * P;
-    const T* sdo = sq + TQ * P;
-    const float* st = sst + buf * 2 * TQ;
-    float s[TQ / 8][4], dp[TQ / 8][4];
-#pragma unroll
-    for (int j = 0; j < TQ / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      unsigned ka[4], va[4];
-      const int arow = (warp * 16 + (lane & 15)) * P + kk * 16 + ((lane >> 4) << 3);
-      attn_ldsm_x4(attn_smem_addr(sk + arow), ka[0], ka[1], ka[2], ka[3]);
-      attn_ldsm_x4(attn_smem_addr(sv + arow), va[0], va[1], va[2], va[3]);
-#pragma unroll
-      for (int j = 0; j < TQ / 8; j += 2) {
-        const int brow = (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3);
-        unsigned b0, b1, b2, b3;
-        attn_ldsm_x4(attn_smem_addr(sq + brow), b0, b1, b2, b3);
-        attn_mma<T>(s[j], ka, b0, b1);
-        attn_mma<T>(s[j + 1], ka, b2, b3);
-        attn_ldsm_x4(attn_smem_addr(sdo + brow), b0, b1, b2, b3);
-        attn_mma<T>(dp[j], va, b0, b1);
-        attn_mma<T>(dp[j + 1], va, b2, b3);
-      }
-    }
-    // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - delta), element (key r, query c).
-#pragma unroll
-    for (int j = 0; j < TQ / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = key0 + (e >> 1) * 8, cl = j * 8 + 2 * t + (e & 1), c = i0 + cl;
-        float x = s[j][e] * sl2;
-        if constexpr (Edge && MaskKind != 0) {
-          if (c < a.L && r < a.S) x += attn_mask_term<MaskKind, float>(mask + c * a.mask.sr + r * a.mask.sc) * log2e;
-        }
-        if (Edge && Causal && r > c) x = ninf;
-        const float p = attn_exp2(x - st[cl]);
-        s[j][e] = p;
-        dp[j][e] = p * (dp[j][e] - st[TQ + cl]);
-      }
-    }
-    // dV += Pᵀ dO and dK += dSᵀ Q over the tile's 32 queries (the k dim), Q and dO read
-    // transposed by ldmatrix.
-#pragma unroll
-    for (int kb = 0; kb < TQ / 16; ++kb) {
-      const unsigned pa[4] = {attn_pack2<T>(s[2 * kb][0], s[2 * kb][1]), attn_pack2<T>(s[2 * kb][2], s[2 * kb][3]),
-                              attn_pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]),
-                              attn_pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
-      const unsigned da[4] = {attn_pack2<T>(dp[2 * kb][0], dp[2 * kb][1]), attn_pack2<T>(dp[2 * kb][2], dp[2 * kb][3]),
-                              attn_pack2<T>(dp[2 * kb + 1][0], dp[2 * kb + 1][1]),
-                              attn_pack2<T>(dp[2 * kb + 1][2], dp[2 * kb + 1][3])};
-#pragma unroll
-      for (int d = 0; d < D / 8; d += 2) {
-        const int trow = (kb * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + d * 8 + ((lane >> 4) << 3);
-        unsigned b0, b1, b2, b3;
-        attn_ldsm_x4_trans(attn_smem_addr(sdo + trow), b0, b1, b2, b3);
-        attn_mma<T>(dv[d], pa, b0, b1);
-        attn_mma<T>(dv[d + 1], pa, b2, b3);
-        attn_ldsm_x4_trans(attn_smem_addr(sq + trow), b0, b1, b2, b3);
-        attn_mma<T>(dk[d], da, b0, b1);
-        attn_mma<T>(dk[d + 1], da, b2, b3);
-      }
-    }
   };
-  // Query tiles at or after the block's last key (every score unmasked) come after the edge ones.
-  const int it_edge = MaskKind != 0 ? num_i : Causal ? min(num_i, (k0 + R - 1 - i_begin + TQ - 1) / TQ) : 0;
-  for (int it = 0; it < it_edge; ++it) tile(it, std::true_type{});
-  for (int it = it_edge; it < num_i; ++it) tile(it, std::false_type{});
+  // Query steps at or after the block's last key (every score unmasked) come after the edge ones.
+  const int it_edge = MaskKind != 0 ? num_i : Causal ? min(num_i, (k0 + BK - 1 - i_begin + TQ - 1) / TQ) : 0;
+  for (int it = 0; it < it_edge; ++it) step(it, std::true_type{});
+  for (int it = it_edge; it < num_i; ++it) step(it, std::false_type{});
   attn_cp_async_wait_all();
+
   T* dkp = attn_ptr<T>(a.dk, b, h);
   T* dvp = attn_ptr<T>(a.dv, b, h);
   const float scale = static_cast<float>(a.scale);
 #pragma unroll
-  for (int d = 0; d < D / 8; ++d) {
-    const int col = d * 8 + 2 * t;
-    if (key0 < a.S) {
-      *reinterpret_cast<unsigned*>(dkp + key0 * a.dk.sr + col) = attn_pack2<T>(dk[d][0] * scale, dk[d][1] * scale);
-      *reinterpret_cast<unsigned*>(dvp + key0 * a.dv.sr + col) = attn_pack2<T>(dv[d][0], dv[d][1]);
-    }
-    if (key0 + 8 < a.S) {
-      *reinterpret_cast<unsigned*>(dkp + (key0 + 8) * a.dk.sr + col) = attn_pack2<T>(dk[d][2] * scale, dk[d][3] * scale);
-      *reinterpret_cast<unsigned*>(dvp + (key0 + 8) * a.dv.sr + col) = attn_pack2<T>(dv[d][2], dv[d][3]);
+  for (int m = 0; m < 2; ++m) {
+    const int key = k0 + wkey + m * 16 + g;  // this thread's keys: key and key + 8
+#pragma unroll
+    for (int d = 0; d < DH / 8; ++d) {
+      const int col = half * DH + d * 8 + 2 * t;
+      if (key < a.S) {
+        *reinterpret_cast<unsigned*>(dkp + key * a.dk.sr + col) = attn_pack2<T>(dk[m][d][0] * scale, dk[m][d][1] * scale);
+        *reinterpret_cast<unsigned*>(dvp + key * a.dv.sr + col) = attn_pack2<T>(dv[m][d][0], dv[m][d][1]);
+      }
+      if (key + 8 < a.S) {
+        *reinterpret_cast<unsigned*>(dkp + (key + 8) * a.dk.sr + col) =
+            attn_pack2<T>(dk[m][d][2] * scale, dk[m][d][3] * scale);
+        *reinterpret_cast<unsigned*>(dvp + (key + 8) * a.dv.sr + col) = attn_pack2<T>(dv[m][d][2], dv[m][d][3]);
+      }
     }
   }
 }
@@ -1535,11 +1597,12 @@ void sdpa_backward_cuda_with(sdpa_cuda_kernel which, const tensor<T>& grad_out_i
             constexpr int D = decltype(d_c)::value;
             using cfg = cd::flash_bwd_config<D>;
             {
-              constexpr auto kernel = cd::attn_bwd_dkv_flash_kernel<T, ME, D, MK, C>;
-              cd::attn_allow_smem<kernel>(cfg::dkv_smem);
-              const long long blocks = static_cast<long long>(la.BH) * ((la.S + cfg::rows - 1) / cfg::rows);
+              using kv = cd::flash_bwd_dkv_pair_config<D>;
+              constexpr auto kernel = cd::attn_bwd_dkv_pair_kernel<T, ME, D, MK, C>;
+              cd::attn_allow_smem<kernel>(kv::smem);
+              const long long blocks = static_cast<long long>(la.BH) * ((la.S + kv::keys - 1) / kv::keys);
               CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
-              kernel<<<static_cast<unsigned>(blocks), cfg::threads, cfg::dkv_smem, stream>>>(la);
+              kernel<<<static_cast<unsigned>(blocks), kv::threads, kv::smem, stream>>>(la);
               cd::attn_check_launch("scaled_dot_product_attention_backward: dk/dv kernel launch", __FILE__, __LINE__);
             }
             auto dq = [&](auto r_c) {
