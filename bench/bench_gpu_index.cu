@@ -2,7 +2,7 @@
 // bmm and linear (cuBLASLt, bias / bias+GELU epilogues), scaled_dot_product_attention (the fused
 // flash forward with 16 rows per warp in 4- and 8-warp blocks and 32 rows per warp in 4; the
 // tensor-core backward with both dQ kernels, and the SIMT one), embedding (forward and its
-// deterministic backward), gather and scatter_add. Prints a table (TFLOP/s or GB/s and the
+// deterministic backward), gather and scatter_add, strided copies (permuted and sliced views). Prints a table (TFLOP/s or GB/s and the
 // fraction of an H100 SXM's peak: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3) and
 // `RESULT <workload> <impl> <ms> ms` lines that bench/compare_table.py merges with
 // bench/torch_index.py's (bench/compare_index.sh runs both).
@@ -181,6 +181,22 @@ void bench_sdpa(i64 B, i64 H, i64 L, i64 E, bool causal, bool backward) {
   }
 }
 
+/// A strided device copy (tensor::copy_ from a permuted or sliced view, what contiguous() runs):
+/// the re-layouts around tensor and sequence parallelism's collectives and the attention heads'
+/// transposes. cuda_memcpy: cudaMemcpyAsync of the same bytes, the floor.
+void bench_copy(const std::string& name, const cg::tensor<cg::bf16>& view) {
+  const std::string w = "copy_bf16_" + name;
+  if (!wanted(w)) return;
+  auto out = cg::tensor<cg::bf16>::empty(view.shape(), cg::device::cuda(0));
+  auto flat = cg::tensor<cg::bf16>::empty(view.shape(), cg::device::cuda(0));
+  const double bytes = 4.0 * static_cast<double>(view.numel());  // read and write, 2 bytes each
+  report(w, "ccgraph", time_ms([&](int) { out.copy_(view); }, 3, quick ? 10 : 50), 0, bytes);
+  report(w, "cuda_memcpy", time_ms([&](int) {
+           CCGRAPH_CHECK_CUDA(cudaMemcpyAsync(flat.data(), out.data(), static_cast<std::size_t>(view.numel()) * 2,
+                                              cudaMemcpyDeviceToDevice, cg::cuda::current_stream()));
+         }, 3, quick ? 10 : 50), 0, bytes);
+}
+
 void bench_embedding(i64 V, i64 D, i64 N) {
   const std::string w = "embedding_bf16_V" + std::to_string(V) + "_D" + std::to_string(D) + "_N" + std::to_string(N);
   const std::string wb = "embedding_bwd_bf16_V" + std::to_string(V) + "_D" + std::to_string(D) + "_N" + std::to_string(N);
@@ -248,6 +264,10 @@ int main(int argc, char** argv) {
     bench_embedding(32000, 4096, 16384);
     bench_gather_scatter(8192, 4096, 1024);
     bench_gather_scatter(4096, 32000, 64);
+    bench_copy("heads_transpose_4x2048x16x128", rand_dev<cg::bf16>({4, 2048, 16, 128}, 14).transpose(1, 2));
+    bench_copy("dim1_gather_relayout_2x4x1024x4096", rand_dev<cg::bf16>({2, 4, 1024, 4096}, 15).transpose(0, 1));
+    bench_copy("narrow_cols_8192x2048_of_4096", rand_dev<cg::bf16>({8192, 4096}, 16).narrow(1, 0, 2048));
+    bench_copy("transpose_2d_4096x4096", rand_dev<cg::bf16>({4096, 4096}, 17).transpose(0, 1));
   } catch (const std::exception& e) {
     std::printf("# error: %s\n", e.what());
     return 1;

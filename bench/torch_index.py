@@ -142,6 +142,13 @@ def main():
                 report(wb, "torch_flash2", time_ms(step2, 2, n(10)), flops=2.5 * flops)
             guarded(wb, "torch_flash2", flash2_bwd)
 
+    def copy(name, view):
+        w = f"copy_bf16_{name}"
+        if not wanted(w):
+            return
+        out = torch.empty(view.shape, device=dev, dtype=bf)
+        report(w, "torch", time_ms(lambda i: out.copy_(view), 3, n(50)), nbytes=4.0 * view.numel())
+
     def embedding(V, D, N):
         w = f"embedding_bf16_V{V}_D{D}_N{N}"
         wb = f"embedding_bwd_bf16_V{V}_D{D}_N{N}"
@@ -182,6 +189,10 @@ def main():
     embedding(32000, 4096, 16384)
     gather_scatter(8192, 4096, 1024)
     gather_scatter(4096, 32000, 64)
+    copy("heads_transpose_4x2048x16x128", torch.randn(4, 2048, 16, 128, device=dev, dtype=bf).transpose(1, 2))
+    copy("dim1_gather_relayout_2x4x1024x4096", torch.randn(2, 4, 1024, 4096, device=dev, dtype=bf).transpose(0, 1))
+    copy("narrow_cols_8192x2048_of_4096", torch.randn(8192, 4096, device=dev, dtype=bf).narrow(1, 0, 2048))
+    copy("transpose_2d_4096x4096", torch.randn(4096, 4096, device=dev, dtype=bf).t())
 
 
 if __name__ == "__main__":

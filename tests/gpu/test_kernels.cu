@@ -244,6 +244,32 @@ pointwise_case<N> permuted_case() {
   return c;
 }
 
+/// [d0, d1, inner] with every innermost dim contiguous (the strided kernel's 16-byte row path
+/// when inner and pitch are whole chunks and nothing is misaligned): the output's rows padded
+/// to `pitch`, operand 1 stored [d1, d0, inner] (outer dims permuted, as a heads' transpose),
+/// operand 2 contiguous, operand 3 with rows padded to `pitch`.
+template <std::size_t N>
+pointwise_case<N> outer_permuted_case(std::int64_t d0, std::int64_t d1, std::int64_t inner, std::int64_t pitch,
+                                      std::size_t in_shift = 0) {
+  pointwise_case<N> c{in_shift ? "strided.outer_permuted.misaligned_operand" : "strided.outer_permuted", {}, {}, 0, 0,
+                      in_shift};
+  c.layout.ndim = 3;
+  c.layout.numel = d0 * d1 * inner;
+  c.layout.flat = false;
+  c.layout.shape[0] = d0;
+  c.layout.shape[1] = d1;
+  c.layout.shape[2] = inner;
+  const std::int64_t strides[4][3] = {
+      {d1 * pitch, pitch, 1}, {inner, d0 * inner, 1}, {d1 * inner, inner, 1}, {d1 * pitch, pitch, 1}};
+  for (int d = 0; d < 3; ++d)
+    for (std::size_t a = 0; a < N; ++a) c.layout.strides[a][d] = strides[a][d];
+  c.operand_sizes[0] = static_cast<std::size_t>(d0 * d1 * inner);
+  c.operand_sizes[1] = static_cast<std::size_t>(d0 * d1 * inner);
+  if constexpr (N > 3) c.operand_sizes[2] = static_cast<std::size_t>(d0 * d1 * pitch);
+  c.out_elems = static_cast<std::size_t>(d0 * d1 * pitch);
+  return c;
+}
+
 /// Runs `make(pointers)` (a kernel tree over N-1 operands) on the device and on the host for
 /// case `c`, and checks every element of the output buffer within `max_ulps`.
 template <class T, std::size_t N, class Make>
@@ -350,6 +376,10 @@ void check_three_operand_trees() {
       broadcast_case<4>(1500, 4099),   // several grid-stride iterations, rows not chunk-aligned
       transposed_case<4>(53, 61, 64),
       permuted_case<4>(),
+      outer_permuted_case<4>(37, 29, 64, 72),      // 16-byte rows, one grid-stride pass
+      outer_permuted_case<4>(300, 50, 128, 136),   // several grid-stride iterations
+      outer_permuted_case<4>(37, 29, 64, 72, 3),   // operand 2 off 16-byte alignment: element path
+      outer_permuted_case<4>(37, 29, 60, 68),      // rows whole 4-element chunks only: f32/i32 vectors
   };
   for (const auto& c : cases) {
     check_pointwise<T>("(a + b) * c", tree_add_mul{}, c, {any, any, any}, 0);
@@ -366,6 +396,7 @@ void check_transcendental_tree(std::int64_t max_ulps) {
       flat_case<3>(4099, 0, 1),
       broadcast_case<3>(37, 130),
       transposed_case<3>(53, 61, 64),
+      outer_permuted_case<3>(37, 29, 64, 72),
   };
   for (const auto& c : cases) check_pointwise<T>("silu(a) * b", tree_silu_mul{}, c, {any, any}, max_ulps);
 }

@@ -364,6 +364,10 @@ struct node_kernel<Op, K0> {
   CCGRAPH_HOST_DEVICE auto load(const std::int64_t* o, std::int64_t i) const { return Op::apply(a.load(o, i)); }
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE auto load_pack(std::int64_t i) const { return apply_pack<Op>(a.template load_pack<V, Vec>(i)); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE auto load_pack_off(const std::int64_t* o) const {
+    return apply_pack<Op>(a.template load_pack_off<V, Vec>(o));
+  }
   CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16(); }
 };
 
@@ -378,6 +382,10 @@ struct node_kernel<Op, K0, K1> {
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE auto load_pack(std::int64_t i) const {
     return apply_pack<Op>(a.template load_pack<V, Vec>(i), b.template load_pack<V, Vec>(i));
+  }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE auto load_pack_off(const std::int64_t* o) const {
+    return apply_pack<Op>(a.template load_pack_off<V, Vec>(o), b.template load_pack_off<V, Vec>(o));
   }
   CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16() && b.aligned16(); }
 };
@@ -395,6 +403,11 @@ struct node_kernel<Op, K0, K1, K2> {
   CCGRAPH_HOST_DEVICE auto load_pack(std::int64_t i) const {
     return apply_pack<Op>(a.template load_pack<V, Vec>(i), b.template load_pack<V, Vec>(i),
                           c.template load_pack<V, Vec>(i));
+  }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE auto load_pack_off(const std::int64_t* o) const {
+    return apply_pack<Op>(a.template load_pack_off<V, Vec>(o), b.template load_pack_off<V, Vec>(o),
+                          c.template load_pack_off<V, Vec>(o));
   }
   CCGRAPH_HOST_DEVICE bool aligned16() const { return a.aligned16() && b.aligned16() && c.aligned16(); }
 };

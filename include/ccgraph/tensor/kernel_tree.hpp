@@ -29,7 +29,9 @@ namespace ccgraph::detail {
 // (Vec: as 16-byte vectors, when `aligned16()` said every leaf allows it) before any op uses
 // them. Evaluated once per element instead, the tree's loads interleave with its ops and few
 // are in flight; a per-leaf alignment test would be a branch between them that keeps the
-// compiler from issuing a later leaf's load before an earlier leaf's arithmetic.
+// compiler from issuing a later leaf's load before an earlier leaf's arithmetic. The strided
+// kernel does the same through `load_pack_off<V, Vec>(offsets)` (leaf I's elements offsets[I],
+// ..., offsets[I] + V - 1) when every operand's innermost dim is contiguous.
 
 /// V consecutive elements of one kernel-tree value (16-byte aligned, for vector loads).
 template <class T, int V>
@@ -93,6 +95,10 @@ struct tensor_kernel {
   CCGRAPH_HOST_DEVICE T load(const std::int64_t* offsets, std::int64_t i) const { return p[offsets[I] + i]; }
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(std::int64_t i) const { return load_pack_at<V, Vec>(p + i); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const std::int64_t* offsets) const {
+    return load_pack_at<V, Vec>(p + offsets[I]);
+  }
   CCGRAPH_HOST_DEVICE bool aligned16() const { return ::ccgraph::detail::aligned16(p); }
 };
 
@@ -103,6 +109,8 @@ struct scalar_kernel {
   CCGRAPH_HOST_DEVICE T load(const std::int64_t*, std::int64_t) const { return v; }
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(std::int64_t) const { return fill_pack<V>(v); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const std::int64_t*) const { return fill_pack<V>(v); }
   CCGRAPH_HOST_DEVICE bool aligned16() const { return true; }
 };
 
@@ -113,7 +121,14 @@ struct cast_kernel {
   CCGRAPH_HOST_DEVICE U load(const std::int64_t* o, std::int64_t i) const { return cast<U>(a.load(o, i)); }
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE elem_pack<U, V> load_pack(std::int64_t i) const {
-    const auto x = a.template load_pack<V, Vec>(i);
+    return cast_pack(a.template load_pack<V, Vec>(i));
+  }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<U, V> load_pack_off(const std::int64_t* o) const {
+    return cast_pack(a.template load_pack_off<V, Vec>(o));
+  }
+  template <class R, int V>
+  CCGRAPH_HOST_DEVICE static elem_pack<U, V> cast_pack(const elem_pack<R, V>& x) {
     elem_pack<U, V> r;
 #if defined(__CUDA_ARCH__)
 #pragma unroll

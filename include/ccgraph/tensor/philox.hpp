@@ -471,6 +471,11 @@ struct random_kernel {
     return cache[idx % pc];
 #endif
   }
+  /// Elements offsets[I], ..., offsets[I]+V-1 (the strided kernel's packs).
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<value_type, V> load_pack_off(const std::int64_t* offsets) const {
+    return load_pack<V, Vec>(offsets[I]);
+  }
   /// Elements i, ..., i+V-1 (the flat kernel's packs start at multiples of V).
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE elem_pack<value_type, V> load_pack(std::int64_t i) const {

@@ -315,6 +315,25 @@ CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack(const traced_ptrs<M>& p, int 
   return load_pack_at<V, Vec>(static_cast<const T*>(q) + i);
 }
 
+/// Input `slot`'s elements o[slot + 1], ..., o[slot + 1] + V - 1 (the strided kernel's packs).
+template <int V, bool Vec, class T, std::size_t M>
+CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack_off(const traced_ptrs<M>& p, const std::int64_t* o, int slot) {
+  const void* q = p[0];
+  std::int64_t off = o[1];
+  bool single = p.single(0);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::size_t j = 1; j < M; ++j)
+    if (static_cast<int>(j) == slot) {
+      q = p[j];
+      off = o[j + 1];
+      single = p.single(j);
+    }
+  if (single) return fill_pack<V>(static_cast<const T*>(q)[0]);
+  return load_pack_at<V, Vec>(static_cast<const T*>(q) + off);
+}
+
 /// A traced tree leaf: the node's input `slot`, of element type T.
 template <class T>
 struct traced_slot {
@@ -327,6 +346,10 @@ struct traced_slot {
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>& p, std::int64_t i) const {
     return load_slot_pack<V, Vec, T>(p, slot, i);
   }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const traced_ptrs<M>& p, const std::int64_t* o) const {
+    return load_slot_pack_off<V, Vec, T>(p, o, slot);
+  }
 };
 /// A traced tree leaf: a scalar.
 template <class T>
@@ -336,6 +359,10 @@ struct traced_scalar {
   CCGRAPH_HOST_DEVICE T load(const traced_ptrs<M>&, const std::int64_t*, std::int64_t) const { return v; }
   template <int V, bool Vec, std::size_t M>
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>&, std::int64_t) const {
+    return fill_pack<V>(v);
+  }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const traced_ptrs<M>&, const std::int64_t*) const {
     return fill_pack<V>(v);
   }
 };
@@ -354,6 +381,11 @@ struct traced_random {
   CCGRAPH_HOST_DEVICE elem_pack<typename Dist::value_type, V> load_pack(const traced_ptrs<M>&,
                                                                        std::int64_t i) const {
     return random_kernel<Dist, J>{d, s}.template load_pack<V, Vec>(i);
+  }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<typename Dist::value_type, V> load_pack_off(const traced_ptrs<M>&,
+                                                                           const std::int64_t* o) const {
+    return random_kernel<Dist, J>{d, s}.template load_pack<V, Vec>(o[J]);
   }
 };
 /// A traced op with result type T: computed from its operands (rounded to T: an op over scalars
@@ -374,6 +406,11 @@ struct traced_op<T, Op, K0> {
     if (slot >= 0) return load_slot_pack<V, Vec, T>(p, slot, i);
     return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i)));
   }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const traced_ptrs<M>& p, const std::int64_t* o) const {
+    if (slot >= 0) return load_slot_pack_off<V, Vec, T>(p, o, slot);
+    return to_pack<T>(apply_pack<Op>(a.template load_pack_off<V, Vec>(p, o)));
+  }
 };
 template <class T, class Op, class K0, class K1>
 struct traced_op<T, Op, K0, K1> {
@@ -388,6 +425,12 @@ struct traced_op<T, Op, K0, K1> {
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(const traced_ptrs<M>& p, std::int64_t i) const {
     if (slot >= 0) return load_slot_pack<V, Vec, T>(p, slot, i);
     return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i), b.template load_pack<V, Vec>(p, i)));
+  }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const traced_ptrs<M>& p, const std::int64_t* o) const {
+    if (slot >= 0) return load_slot_pack_off<V, Vec, T>(p, o, slot);
+    return to_pack<T>(
+        apply_pack<Op>(a.template load_pack_off<V, Vec>(p, o), b.template load_pack_off<V, Vec>(p, o)));
   }
 };
 template <class T, class Op, class K0, class K1, class K2>
@@ -406,6 +449,12 @@ struct traced_op<T, Op, K0, K1, K2> {
     if (slot >= 0) return load_slot_pack<V, Vec, T>(p, slot, i);
     return to_pack<T>(apply_pack<Op>(a.template load_pack<V, Vec>(p, i), b.template load_pack<V, Vec>(p, i),
                                      c.template load_pack<V, Vec>(p, i)));
+  }
+  template <int V, bool Vec, std::size_t M>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const traced_ptrs<M>& p, const std::int64_t* o) const {
+    if (slot >= 0) return load_slot_pack_off<V, Vec, T>(p, o, slot);
+    return to_pack<T>(apply_pack<Op>(a.template load_pack_off<V, Vec>(p, o), b.template load_pack_off<V, Vec>(p, o),
+                                     c.template load_pack_off<V, Vec>(p, o)));
   }
 };
 
@@ -617,6 +666,10 @@ struct traced_kernel {
   CCGRAPH_HOST_DEVICE T load(const std::int64_t* o, std::int64_t i) const { return t.load(p, o, i); }
   template <int V, bool Vec>
   CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack(std::int64_t i) const { return t.template load_pack<V, Vec>(p, i); }
+  template <int V, bool Vec>
+  CCGRAPH_HOST_DEVICE elem_pack<T, V> load_pack_off(const std::int64_t* o) const {
+    return t.template load_pack_off<V, Vec>(p, o);
+  }
   CCGRAPH_HOST_DEVICE bool aligned16() const {
     bool ok = true;
 #if defined(__CUDA_ARCH__)
