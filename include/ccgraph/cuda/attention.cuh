@@ -296,6 +296,18 @@ __device__ __forceinline__ void attn_mma(float (&c)[4], const unsigned (&a)[4], 
   }
 }
 
+/// c[r][j] += a[r] · (b0, b1) and c[r][j + 1] += a[r] · (b2, b3) for each of the R row tiles:
+/// one ldmatrix.x4 of B (two 8-column blocks) serves every row tile.
+template <class T, int R, int N>
+__device__ __forceinline__ void attn_mma_x2(float (&c)[R][N][4], const unsigned (&a)[R][4], int j, unsigned b0,
+                                            unsigned b1, unsigned b2, unsigned b3) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    attn_mma<T>(c[r][j], a[r], b0, b1);
+    attn_mma<T>(c[r][j + 1], a[r], b2, b3);
+  }
+}
+
 /// 2^x by the special-function unit (ex2.approx: about 2 ulp; -inf gives +0, NaN stays NaN).
 __device__ __forceinline__ float attn_exp2(float x) {
   float y;
@@ -422,11 +434,7 @@ __global__ void __launch_bounds__(32 * W) attn_fwd_flash_kernel(const attn_args 
           unsigned b0, b1, b2, b3;
           attn_ldsm_x4(attn_smem_addr(sk + (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3)),
                        b0, b1, b2, b3);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            attn_mma<T>(s[r][j], qa[r], b0, b1);
-            attn_mma<T>(s[r][j + 1], qa[r], b2, b3);
-          }
+          attn_mma_x2<T>(s, qa, j, b0, b1, b2, b3);
         }
       }
       // Scale into the log2 domain; mask (explicit, causal, past S) with -inf.
@@ -919,17 +927,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_pair_kernel(const attn_args 
           const int brow = (half * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3);
           unsigned b0, b1, b2, b3;
           attn_ldsm_x4(attn_smem_addr(sq + brow), b0, b1, b2, b3);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            attn_mma<T>(s[m][j], ka[m], b0, b1);
-            attn_mma<T>(s[m][j + 1], ka[m], b2, b3);
-          }
+          attn_mma_x2<T>(s, ka, j, b0, b1, b2, b3);
           attn_ldsm_x4(attn_smem_addr(sdo + brow), b0, b1, b2, b3);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            attn_mma<T>(dp[m][j], va[m], b0, b1);
-            attn_mma<T>(dp[m][j + 1], va[m], b2, b3);
-          }
+          attn_mma_x2<T>(dp, va, j, b0, b1, b2, b3);
         }
       }
       // Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ - delta), element (key r, query c).
@@ -983,17 +983,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_pair_kernel(const attn_args 
           const int trow = (kq * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + half * DH + d * 8 + ((lane >> 4) << 3);
           unsigned b0, b1, b2, b3;
           attn_ldsm_x4_trans(attn_smem_addr(sdo + trow), b0, b1, b2, b3);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            attn_mma<T>(dv[m][d], pa[m], b0, b1);
-            attn_mma<T>(dv[m][d + 1], pa[m], b2, b3);
-          }
+          attn_mma_x2<T>(dv, pa, d, b0, b1, b2, b3);
           attn_ldsm_x4_trans(attn_smem_addr(sq + trow), b0, b1, b2, b3);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            attn_mma<T>(dk[m][d], da[m], b0, b1);
-            attn_mma<T>(dk[m][d + 1], da[m], b2, b3);
-          }
+          attn_mma_x2<T>(dk, da, d, b0, b1, b2, b3);
         }
       }
     }
@@ -1152,17 +1144,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_flash_kernel(const attn_args 
         const int brow = (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + (((lane >> 3) & 1) << 3);
         unsigned b0, b1, b2, b3;
         attn_ldsm_x4(attn_smem_addr(skb + brow), b0, b1, b2, b3);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          attn_mma<T>(s[r][j], qa[r], b0, b1);
-          attn_mma<T>(s[r][j + 1], qa[r], b2, b3);
-        }
+        attn_mma_x2<T>(s, qa, j, b0, b1, b2, b3);
         attn_ldsm_x4(attn_smem_addr(svb + brow), b0, b1, b2, b3);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          attn_mma<T>(dp[r][j], ga[r], b0, b1);
-          attn_mma<T>(dp[r][j + 1], ga[r], b2, b3);
-        }
+        attn_mma_x2<T>(dp, ga, j, b0, b1, b2, b3);
       }
     }
     // dS = P ∘ (dP - delta), element (query row, key c).
@@ -1201,11 +1185,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_flash_kernel(const attn_args 
         attn_ldsm_x4_trans(
             attn_smem_addr(skb + (kb * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + d * 8 + ((lane >> 4) << 3)), b0,
             b1, b2, b3);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          attn_mma<T>(dq[r][d], da[r], b0, b1);
-          attn_mma<T>(dq[r][d + 1], da[r], b2, b3);
-        }
+        attn_mma_x2<T>(dq, da, d, b0, b1, b2, b3);
       }
     }
   };

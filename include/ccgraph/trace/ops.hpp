@@ -277,61 +277,47 @@ struct traced_ptrs {
   CCGRAPH_HOST_DEVICE bool single(std::size_t j) const { return j < 64 && ((one >> j) & 1u) != 0; }
 };
 
-/// Input `slot` at element i: p[slot][o[slot + 1] + i] (p[slot][0] for a single element). The
-/// slot is known only at run time; selecting it with an unrolled compare chain keeps the
-/// pointer and offset arrays in registers (a run-time index would move them to local memory
-/// in a kernel).
-template <class T, std::size_t M>
-CCGRAPH_HOST_DEVICE T load_slot(const traced_ptrs<M>& p, const std::int64_t* o, int slot, std::int64_t i) {
-  const void* q = p[0];
-  std::int64_t off = o[1];
-  bool single = p.single(0);
+/// Input `slot`'s pointer, its offset o[slot + 1] (0 without offsets: a flat layout) and
+/// whether it is a single element. The slot is known only at run time; selecting it with an
+/// unrolled compare chain keeps the pointer and offset arrays in registers (a run-time index
+/// would move them to local memory in a kernel).
+struct traced_slot_ref {
+  const void* q;
+  std::int64_t off;
+  bool single;
+};
+template <std::size_t M>
+CCGRAPH_HOST_DEVICE traced_slot_ref select_slot(const traced_ptrs<M>& p, const std::int64_t* o, int slot) {
+  traced_slot_ref r{p[0], o ? o[1] : 0, p.single(0)};
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (std::size_t j = 1; j < M; ++j)
-    if (static_cast<int>(j) == slot) {
-      q = p[j];
-      off = o[j + 1];
-      single = p.single(j);
-    }
-  return single ? static_cast<const T*>(q)[0] : static_cast<const T*>(q)[off + i];
+    if (static_cast<int>(j) == slot) r = {p[j], o ? o[j + 1] : 0, p.single(j)};
+  return r;
+}
+
+/// Input `slot` at element i: p[slot][o[slot + 1] + i] (p[slot][0] for a single element).
+template <class T, std::size_t M>
+CCGRAPH_HOST_DEVICE T load_slot(const traced_ptrs<M>& p, const std::int64_t* o, int slot, std::int64_t i) {
+  const traced_slot_ref s = select_slot(p, o, slot);
+  return s.single ? static_cast<const T*>(s.q)[0] : static_cast<const T*>(s.q)[s.off + i];
 }
 
 /// Input `slot`'s elements i, ..., i+V-1 of a flat layout (the pack form of load_slot).
 template <int V, bool Vec, class T, std::size_t M>
 CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack(const traced_ptrs<M>& p, int slot, std::int64_t i) {
-  const void* q = p[0];
-  bool single = p.single(0);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (std::size_t j = 1; j < M; ++j)
-    if (static_cast<int>(j) == slot) {
-      q = p[j];
-      single = p.single(j);
-    }
-  if (single) return fill_pack<V>(static_cast<const T*>(q)[0]);
-  return load_pack_at<V, Vec>(static_cast<const T*>(q) + i);
+  const traced_slot_ref s = select_slot(p, nullptr, slot);
+  if (s.single) return fill_pack<V>(static_cast<const T*>(s.q)[0]);
+  return load_pack_at<V, Vec>(static_cast<const T*>(s.q) + i);
 }
 
 /// Input `slot`'s elements o[slot + 1], ..., o[slot + 1] + V - 1 (the strided kernel's packs).
 template <int V, bool Vec, class T, std::size_t M>
 CCGRAPH_HOST_DEVICE elem_pack<T, V> load_slot_pack_off(const traced_ptrs<M>& p, const std::int64_t* o, int slot) {
-  const void* q = p[0];
-  std::int64_t off = o[1];
-  bool single = p.single(0);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (std::size_t j = 1; j < M; ++j)
-    if (static_cast<int>(j) == slot) {
-      q = p[j];
-      off = o[j + 1];
-      single = p.single(j);
-    }
-  if (single) return fill_pack<V>(static_cast<const T*>(q)[0]);
-  return load_pack_at<V, Vec>(static_cast<const T*>(q) + off);
+  const traced_slot_ref s = select_slot(p, o, slot);
+  if (s.single) return fill_pack<V>(static_cast<const T*>(s.q)[0]);
+  return load_pack_at<V, Vec>(static_cast<const T*>(s.q) + s.off);
 }
 
 /// A traced tree leaf: the node's input `slot`, of element type T.
