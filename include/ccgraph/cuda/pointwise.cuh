@@ -166,7 +166,8 @@ __device__ __forceinline__ std::int64_t pointwise_offsets(const pointwise_stride
 /// the chunk's loads are issued before its stores. A chunk that crosses a row (or the end)
 /// computes each element's offsets on its own. With `vector_rows` (a permutation or slice of
 /// outer dims: the heads' transposes, a gather's re-layout) each chunk is one pack loaded and
-/// stored as 16-byte vectors, 2.3-2.5x the bandwidth of element accesses on an H200.
+/// stored as 16-byte vectors, four chunks in flight per thread: about twice the bandwidth of
+/// element accesses (an H200: 1.08-1.13x of a device memcpy's time, element accesses 2.3-2.5x).
 template <class K, class T, std::size_t N>
 __global__ void __launch_bounds__(pointwise_block_threads)
     pointwise_strided_kernel(const K k, T* out, const pointwise_strided_params<N> p) {
