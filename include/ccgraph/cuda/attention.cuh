@@ -240,13 +240,13 @@ __global__ void __launch_bounds__(32 * attn_simt_warps) attn_fwd_simt_kernel(con
 // ---- fused tensor-core forward (bf16 / f16) --------------------------------------------------
 
 /// Tile sizes of the fused forward for head dim D with W warps of R 16-row query tiles each,
-/// BN-key tiles, shared-memory rows padded by 16 bytes (ldmatrix's eight row addresses then fall
+/// 64-key tiles, shared-memory rows padded by 16 bytes (ldmatrix's eight row addresses then fall
 /// in eight different bank groups). R = 2 reads each K/V fragment from shared memory once for
 /// two row tiles, halving the shared-memory traffic per product, which bounds R = 1 on Hopper.
-template <int D, int W, int R = 1, int BN = 64>
+template <int D, int W, int R = 1>
 struct flash_config {
   static constexpr int block_m = 16 * R * W;
-  static constexpr int block_n = BN;
+  static constexpr int block_n = 64;
   static constexpr int threads = 32 * W;
   static constexpr int pitch = D + 8;  // elements
   static constexpr int smem_bytes = (block_m + 2 * block_n) * pitch * 2;
@@ -341,9 +341,9 @@ __device__ __forceinline__ void attn_load_tile(T* dst, const T* src, long long s
   }
 }
 
-template <class T, class M, int D, int W, int R, int TN, int MaskKind, bool Causal>
+template <class T, class M, int D, int W, int R, int MaskKind, bool Causal>
 __global__ void __launch_bounds__(32 * W) attn_fwd_flash_kernel(const attn_args a) {
-  using cfg = flash_config<D, W, R, TN>;
+  using cfg = flash_config<D, W, R>;
   constexpr int BM = cfg::block_m, BN = cfg::block_n, P = cfg::pitch;
   // One row tile keeps its Q fragments in registers; two would not fit beside their outputs, so
   // they read Q from shared memory at each step of the k loop.
@@ -1396,11 +1396,10 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
       using ME = std::remove_pointer_t<decltype(mask_elem)>;
       if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
         if (flash) {
-          auto run = [&](auto d_c, auto w_c, auto r_c, auto n_c) {
-            constexpr int D = decltype(d_c)::value, W = decltype(w_c)::value, R = decltype(r_c)::value,
-                          BN = decltype(n_c)::value;
-            using cfg = cd::flash_config<D, W, R, BN>;
-            constexpr auto kernel = cd::attn_fwd_flash_kernel<T, ME, D, W, R, BN, MK, C>;
+          auto run = [&](auto d_c, auto w_c, auto r_c) {
+            constexpr int D = decltype(d_c)::value, W = decltype(w_c)::value, R = decltype(r_c)::value;
+            using cfg = cd::flash_config<D, W, R>;
+            constexpr auto kernel = cd::attn_fwd_flash_kernel<T, ME, D, W, R, MK, C>;
             cd::attn_allow_smem<kernel>(cfg::smem_bytes);
             const long long blocks = static_cast<long long>(la.BH) * ((la.L + cfg::block_m - 1) / cfg::block_m);
             CCGRAPH_CHECK(blocks < (1ll << 31), what, ": too many blocks (", blocks, ")");
@@ -1410,21 +1409,20 @@ void sdpa_cuda_with(sdpa_cuda_kernel which, const tensor<T>& q_in, const tensor<
           using i2 = std::integral_constant<int, 2>;
           using i4 = std::integral_constant<int, 4>;
           using i8 = std::integral_constant<int, 8>;
-          using i64 = std::integral_constant<int, 64>;
           auto by_kernel = [&](auto d_c) {
             // The automatic choice: 4 warps of 32 rows where that fills the GPU, otherwise 4 of
             // 16 (twice the blocks). 32 rows per warp ran 1.2-1.5x faster on every large shape
             // of bench_gpu_index, 16 rows 1.4x faster on 24 blocks (H200, 2026-11-28,
             // bench/RESULTS.md); 8 warps of 16 rows were slower than both.
             switch (which) {
-              case sdpa_cuda_kernel::flash8: run(d_c, i8{}, i1{}, i64{}); break;
-              case sdpa_cuda_kernel::flash4: run(d_c, i4{}, i1{}, i64{}); break;
-              case sdpa_cuda_kernel::flash4x2: run(d_c, i4{}, i2{}, i64{}); break;
+              case sdpa_cuda_kernel::flash8: run(d_c, i8{}, i1{}); break;
+              case sdpa_cuda_kernel::flash4: run(d_c, i4{}, i1{}); break;
+              case sdpa_cuda_kernel::flash4x2: run(d_c, i4{}, i2{}); break;
               default:
                 if (cd::attn_fills_gpu(la.BH, la.L, 128))
-                  run(d_c, i4{}, i2{}, i64{});
+                  run(d_c, i4{}, i2{});
                 else
-                  run(d_c, i4{}, i1{}, i64{});
+                  run(d_c, i4{}, i1{});
             }
           };
           if (la.E == 64) by_kernel(std::integral_constant<int, 64>{});
