@@ -340,6 +340,22 @@ void small_allreduce_placements(int n) {
   }
 }
 
+/// The busbw rows (collective_busbw) with every large enough collective on the copy engines
+/// (nccl_options::copy_engine `always`; impl names end in `_ce`): all_reduce of two GPUs,
+/// all_gather and reduce_scatter of any count; the others, and reductions the copy engines do
+/// not do bit for bit like NCCL, stay on NCCL.
+void copy_engine_busbw(int n, bool quick) {
+  cg::cuda::nccl_options o;
+  o.copy_engine = cg::cuda::copy_engine_all_reduce::always;
+  std::vector<int> all(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  const cg::group world = all;
+  ncclUniqueId id;
+  CCGRAPH_CHECK_NCCL(ncclGetUniqueId(&id));
+  std::barrier<> ranks(n);
+  cg::cuda::run_gpus(n, [&](cg::rank_context& ctx) { collective_busbw(ctx, world, "_ce", id, quick, ranks); }, o);
+}
+
 /// Runs the workloads on `n` GPUs with `opt`. `tag` is appended to every impl name; with
 /// `programs_only` only the seed program and the TP MLP run (the overlap variants).
 void ccgraph_bench(int n, bool quick, cg::cuda::nccl_options nopt = {}, const std::string& tag = "",
@@ -587,7 +603,7 @@ int main(int argc, char** argv) {
             << "." << NCCL_PATCH << ", CUDA runtime " << CUDART_VERSION << "\n";
   // A progress line on stderr while the phases run, when it is a terminal and the tables go to
   // a file (bench/progress.hpp).
-  bench::progress prog(programs ? 2 : (n > 1 ? 7 : 6), stderr, true);
+  bench::progress prog(programs ? 2 : (n > 1 ? 8 : 6), stderr, true);
   try {
     if (!programs) {
       prog.step("raw NCCL collectives");
@@ -605,6 +621,10 @@ int main(int argc, char** argv) {
     nc.copy_engine = cg::cuda::copy_engine_all_reduce::off;
     prog.step("ccgraph, every collective on NCCL (_nccl)");
     ccgraph_bench(n, quick, nc, "_nccl", true);
+    if (!programs && n > 1) {
+      prog.step("collectives on the copy engines (_ce)");
+      copy_engine_busbw(n, quick);
+    }
     if (!programs) {
       prog.step("small all_reduces by stream placement");
       small_allreduce_placements(n);

@@ -685,6 +685,138 @@ std::pair<std::vector<results>, std::vector<std::uint64_t>> copy_engine_run(cg::
   return {res, launches};
 }
 
+/// Every all_gather and reduce_scatter of the copy-engine gather/scatter suite on group `g`
+/// (this rank at index `me` of `n`), per rank: all_gathers of f32, bf16, f16, f64 and i32 (an
+/// odd count per rank), one misaligned by an element, one along dim 1 (re-laid out after the
+/// gather); reduce_scatters by each reduction of f32, bf16 and f16, one misaligned, one along
+/// dim 1; four of each launched before any is waited, with small ones between (NCCL runs
+/// those); growing sizes (the channel grows); and a schedule that overlaps an all_gather and a
+/// reduce_scatter with a matmul, run in the graph runner and replayed as a CUDA Graph. `sums`
+/// false leaves out the reductions that are NCCL's bits only with two ranks. Counts the
+/// copy-engine launches of its eager part in `eager_on_copy_engine`, of the whole in
+/// `on_copy_engine`.
+results gather_scatter_suite(cg::rank_context& ctx, const cg::group& g, int me, int n, bool sums,
+                             std::uint64_t& eager_on_copy_engine, std::uint64_t& on_copy_engine) {
+  const auto seed = [&](std::uint64_t k) { return 1000 * k + static_cast<std::uint64_t>(ctx.rank()); };
+  const std::int64_t m = (1 << 18) + 3;  // per rank: > 1 MiB gathered, scattered from, in 16-bit types
+  results out;
+  const std::uint64_t before = copy_engine_launched(ctx);
+  std::uint64_t k = 0;
+  out["ag f32"] = values(cg::all_gather_tensor(cg::uniform<float>({m}, -2, 2, seed(++k)), 0, g));
+  out["ag bf16"] = values(cg::all_gather_tensor(cg::uniform<cg::bf16>({m}, -2, 2, seed(++k)), 0, g));
+  out["ag f16"] = values(cg::all_gather_tensor(cg::uniform<cg::f16>({m}, -2, 2, seed(++k)), 0, g));
+  out["ag f64"] = values(cg::all_gather_tensor(cg::uniform<double>({m}, -2, 2, seed(++k)), 0, g));
+  {
+    std::vector<std::int32_t> v(static_cast<std::size_t>(m));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>((i * 7 + 1000 * static_cast<std::size_t>(me)) % 100003);
+    out["ag i32"] = values(cg::all_gather_tensor(cg::tensor<std::int32_t>::from(v), 0, g));
+  }
+  out["ag misaligned"] =
+      values(cg::all_gather_tensor(cg::uniform<cg::bf16>({2 * m + 1}, -2, 2, seed(++k)).narrow(0, 1, 2 * m), 0, g));
+  out["ag dim 1"] = values(cg::all_gather_tensor(cg::uniform<cg::bf16>({512, 1031}, -2, 2, seed(++k)), 1, g));
+  std::vector<const char*> reductions{"min", "max"};
+  if (sums) reductions.insert(reductions.begin(), {"sum", "avg", "product"});
+  for (const char* op : reductions) {
+    out[std::string("rs f32 ") + op] = values(cg::reduce_scatter_tensor(cg::uniform<float>({n * m}, -2, 2, seed(++k)), op, 0, g));
+    out[std::string("rs bf16 ") + op] =
+        values(cg::reduce_scatter_tensor(cg::uniform<cg::bf16>({2 * n * m}, -2, 2, seed(++k)), op, 0, g));
+    out[std::string("rs f16 ") + op] =
+        values(cg::reduce_scatter_tensor(cg::uniform<cg::f16>({2 * n * m}, -2, 2, seed(++k)), op, 0, g));
+  }
+  const char* red = sums ? "sum" : "max";
+  {
+    const auto x = cg::uniform<cg::bf16>({2 * n * m + 1}, -2, 2, seed(++k)).narrow(0, 1, 2 * n * m);
+    out["rs misaligned"] = values(cg::reduce_scatter_tensor(x, red, 0, g));
+    out["rs dim 1"] = values(cg::reduce_scatter_tensor(cg::uniform<cg::bf16>({1031, 512 * n}, -2, 2, seed(++k)), red, 1, g));
+  }
+  {
+    std::vector<cg::tensor<cg::bf16>> pending;
+    for (int i = 0; i < 4; ++i) {
+      pending.push_back(cg::all_gather_tensor(cg::uniform<cg::bf16>({2 * m}, -1, 1, seed(++k)), 0, g));
+      pending.push_back(cg::all_gather_tensor(cg::full<cg::bf16>({100}, cg::bf16(static_cast<float>(i))), 0, g));
+      pending.push_back(cg::reduce_scatter_tensor(cg::uniform<cg::bf16>({2 * n * m}, -1, 1, seed(++k)), red, 0, g));
+      pending.push_back(cg::reduce_scatter_tensor(cg::full<cg::bf16>({100 * n}, cg::bf16(1.f)), red, 0, g));
+    }
+    for (std::size_t i = 0; i < pending.size(); ++i) out["pending " + std::to_string(i)] = values(pending[i]);
+  }
+  for (std::int64_t s : {4 * m, 16 * m}) {
+    out["ag grown " + std::to_string(s)] = values(cg::all_gather_tensor(cg::uniform<cg::bf16>({s}, -1, 1, seed(++k)), 0, g));
+    out["rs grown " + std::to_string(s)] =
+        values(cg::reduce_scatter_tensor(cg::uniform<cg::bf16>({n * s}, -1, 1, seed(++k)), red, 0, g));
+  }
+  eager_on_copy_engine = copy_engine_launched(ctx) - before;
+  // A schedule that overlaps both with a matmul, run and recorded.
+  auto program = [&](auto a, auto b) {
+    auto ag = cg::all_gather_tensor(a, 0, g);
+    auto rs = cg::reduce_scatter_tensor(b, red, 0, g);
+    auto mm = cg::matmul(a, a);
+    return std::make_tuple(cg::eval(cg::wait_tensor(ag) * 0.5f), cg::eval(cg::wait_tensor(rs) + mm));
+  };
+  auto s = cg::schedule(cg::trace(program, cg::input<float>({512, 512}), cg::input<float>({512 * n, 512})),
+                        {"sink_waits", "raise_comms"});
+  for (bool replay : {false, true}) {
+    auto run = cg::compile(s, ctx, {.cuda_graph = replay});
+    for (int call = 0; call < 3; ++call) {
+      const auto [a, b] = run(cg::uniform<float>({512, 512}, -1, 1, seed(++k)),
+                              cg::uniform<float>({512 * n, 512}, -1, 1, seed(++k)));
+      out["program ag " + std::to_string(replay) + " " + std::to_string(call)] = values(a);
+      out["program rs " + std::to_string(replay) + " " + std::to_string(call)] = values(b);
+    }
+  }
+  on_copy_engine = copy_engine_launched(ctx) - before;
+  return out;
+}
+
+/// The gather/scatter suite on `ranks` GPUs' world under `opt`: per rank, results and eager and
+/// total copy-engine launches.
+struct gather_scatter_run {
+  std::vector<results> res;
+  std::vector<std::uint64_t> eager, total;
+};
+gather_scatter_run gather_scatter_on(int ranks, const cg::cuda::nccl_options& opt, bool sums) {
+  gather_scatter_run out{std::vector<results>(static_cast<std::size_t>(ranks)),
+                         std::vector<std::uint64_t>(static_cast<std::size_t>(ranks)),
+                         std::vector<std::uint64_t>(static_cast<std::size_t>(ranks))};
+  cg::cuda::run_gpus(
+      ranks,
+      [&](cg::rank_context& ctx) {
+        const auto r = static_cast<std::size_t>(ctx.rank());
+        out.res[r] = gather_scatter_suite(ctx, ctx.world(), ctx.rank(), ranks, sums, out.eager[r], out.total[r]);
+      },
+      opt);
+  return out;
+}
+
+/// The suite under `off`, `always` and `overlapped` on `ranks` GPUs: bit for bit NCCL's values
+/// on every rank; `always` runs every large one of the eager part on the copy engines (7
+/// all_gathers, 3 per reduction, 2, 8 pending, 4 grown), `overlapped` none of those, and both
+/// run the scheduled program's.
+void gather_scatter_equals_nccl(int ranks, bool sums) {
+  using ce = cg::cuda::copy_engine_all_reduce;
+  cg::cuda::nccl_options opt;
+  opt.copy_engine = ce::off;
+  const auto nccl = gather_scatter_on(ranks, opt, sums);
+  opt.copy_engine = ce::always;
+  const auto copy = gather_scatter_on(ranks, opt, sums);
+  opt.copy_engine = ce::overlapped;
+  const auto sched = gather_scatter_on(ranks, opt, sums);
+  const std::uint64_t eager = 7 + 3 * (sums ? 5 : 2) + 2 + 8 + 4;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r) {
+    CAPTURE(r);
+    CHECK(nccl.total[r] == 0);
+    CHECK(copy.eager[r] == eager);
+    CHECK(copy.total[r] > copy.eager[r]);
+    CHECK(sched.eager[r] == 0);
+    CHECK(sched.total[r] > 0);
+    REQUIRE(copy.res[r].size() == nccl.res[r].size());
+    for (const auto& [name, want] : nccl.res[r]) {
+      CAPTURE(name);
+      CHECK(copy.res[r].at(name) == want);
+      CHECK(sched.res[r].at(name) == want);
+    }
+  }
+}
+
 }  // namespace
 
 GPU_TEST_CASE("nccl.collective_stream_placement.1_gpu") {
@@ -831,12 +963,56 @@ TEST_CASE("nccl.copy_engine_all_reduce_policy") {
   CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::i32, mib_f32, 2, hint::matmul)));  // no kernel
   CHECK_FALSE(copy_engine_eligible(opt, request(cg::ops::all_reduce{cg::reduce_op::bxor}, cg::dtype::f32, mib_f32, 2,
                                                 hint::matmul)));
-  CHECK_FALSE(copy_engine_eligible(opt, request(cg::ops::all_gather_into_tensor{}, cg::dtype::f32, mib_f32, 2,
-                                                hint::matmul)));
   opt.copy_engine = ce::always;
   CHECK(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::unknown)));
   opt.copy_engine = ce::off;
   CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 2, hint::matmul)));
+
+  // All_gathers and reduce_scatters: any group of 2 to 8 ranks; the size is nccl-tests' (the
+  // gathered output, the scattered input); a reduction only where its bits are NCCL's.
+  opt.copy_engine = ce::overlapped;
+  auto shaped = [](cg::ops::collective_op op, cg::dtype dt, std::int64_t in, std::int64_t out, int ranks, hint h) {
+    cg::detail::collective_request req;
+    req.op = op;
+    for (int r = 0; r < ranks; ++r) req.group.ranks.push_back(r);
+    cg::detail::buffer i, o;
+    i.meta = {dt, {in}};
+    o.meta = {dt, {out}};
+    req.inputs.push_back(i);
+    req.outputs.push_back(o);
+    req.overlap = h;
+    return req;
+  };
+  auto gather = [&](cg::dtype dt, std::int64_t per_rank, int ranks, hint h = hint::matmul) {
+    return copy_engine_eligible(opt, shaped(cg::ops::all_gather_into_tensor{ranks}, dt, per_rank, per_rank * ranks, ranks, h));
+  };
+  auto scatter = [&](const char* op, cg::dtype dt, std::int64_t in, int ranks, hint h = hint::matmul) {
+    return copy_engine_eligible(opt, shaped(cg::ops::reduce_scatter_tensor{cg::parse_reduce_op(op), ranks}, dt, in, in / ranks, ranks, h));
+  };
+  CHECK(gather(cg::dtype::f32, mib_f32 / 2, 2));                 // 1 MiB gathered
+  CHECK_FALSE(gather(cg::dtype::f32, mib_f32 / 2 - 1, 2));       // just under
+  CHECK(gather(cg::dtype::f32, mib_f32 / 4, 4));
+  CHECK(gather(cg::dtype::i32, mib_f32, 8));                     // a copy: any type
+  CHECK(gather(cg::dtype::f64, mib_f32, 3));
+  CHECK_FALSE(gather(cg::dtype::f32, mib_f32, 9));               // more ranks than the kernel takes
+  CHECK_FALSE(gather(cg::dtype::f32, mib_f32, 2, hint::none));
+  CHECK(scatter("sum", cg::dtype::bf16, 2 * mib_f32, 2));
+  CHECK(scatter("avg", cg::dtype::f16, 2 * mib_f32, 2));
+  CHECK_FALSE(scatter("sum", cg::dtype::bf16, 2 * mib_f32 - 2, 2));  // under 1 MiB scattered
+  CHECK_FALSE(scatter("sum", cg::dtype::f32, mib_f32, 4));         // not NCCL's bits with 4
+  CHECK(scatter("max", cg::dtype::f32, mib_f32, 4));                // exact in any order
+  CHECK(scatter("min", cg::dtype::bf16, 2 * mib_f32, 8));
+  CHECK_FALSE(scatter("sum", cg::dtype::i32, mib_f32, 2));          // no kernel
+  CHECK_FALSE(scatter("max", cg::dtype::f32, mib_f32, 4, hint::unknown));  // eager
+  opt.copy_engine_reassociates = true;
+  CHECK(scatter("sum", cg::dtype::f32, mib_f32, 4));
+  CHECK(scatter("product", cg::dtype::bf16, 2 * mib_f32, 3));
+  CHECK_FALSE(copy_engine_eligible(opt, request(sum, cg::dtype::f32, mib_f32, 4, hint::matmul)));  // all_reduce: pairs
+  CHECK_FALSE(copy_engine_eligible(opt, request(cg::ops::all_to_all_single{}, cg::dtype::f32, mib_f32, 2, hint::matmul)));
+  CHECK(cg::cuda::detail::copy_engine_slot_bytes(shaped(cg::ops::reduce_scatter_tensor{cg::reduce_op::sum, 4},
+                                                        cg::dtype::bf16, 400, 100, 4, hint::matmul)) == 200);
+  CHECK(cg::cuda::detail::copy_engine_slot_bytes(shaped(cg::ops::all_gather_into_tensor{4}, cg::dtype::bf16, 100,
+                                                        400, 4, hint::matmul)) == 200);
 }
 
 TEST_CASE("nccl.copy_engine_all_reduce_equals_nccl.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
@@ -882,6 +1058,37 @@ TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::
                              if (ctx.rank() == 1) throw std::runtime_error("rank one broke");
                              try {
                                (void)cg::all_reduce(x, "sum", ctx.world()).to_vector();
+                             } catch (const cg::error& e) {
+                               std::lock_guard lk(mu);
+                               peer = e.what();
+                               throw;
+                             }
+                           },
+                           opt),
+                       "rank one broke", std::runtime_error);
+  CHECK(peer.find("rank 1") != std::string::npos);
+}
+
+GPUS_TEST_CASE("nccl.copy_engine_gather_scatter_equals_nccl.2_gpus", 2) { gather_scatter_equals_nccl(2, true); }
+
+TEST_CASE("nccl.copy_engine_gather_of_a_failed_peer_ends.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  // Rank 1 fails after the channel is set up; rank 0's next all_gather waits on the copy
+  // engines for data that never comes, until the abort lets its stream drain.
+  cg::cuda::nccl_options opt;
+  opt.copy_engine = cg::cuda::copy_engine_all_reduce::always;
+  std::string peer;
+  std::mutex mu;
+  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(
+                           2,
+                           [&](cg::rank_context& ctx) {
+                             const auto x = cg::full<float>({1 << 20}, static_cast<float>(ctx.rank()));
+                             const auto g = cg::all_gather_tensor(x, 0, ctx.world()).to_vector();
+                             CHECK(g[0] == 0.f);
+                             CHECK(g[std::size_t{1} << 20] == 1.f);
+                             CHECK(copy_engine_launched(ctx) == 1);
+                             if (ctx.rank() == 1) throw std::runtime_error("rank one broke");
+                             try {
+                               (void)cg::all_gather_tensor(x, 0, ctx.world()).to_vector();
                              } catch (const cg::error& e) {
                                std::lock_guard lk(mu);
                                peer = e.what();
@@ -1110,6 +1317,63 @@ GPUS_TEST_CASE("nccl.copy_engine_all_reduce_on_mesh_pairs.4_gpus", 4) {
       CHECK(copy[r].at(name) == want);
     }
   }
+}
+
+GPUS_TEST_CASE("nccl.copy_engine_gather_scatter_equals_nccl.4_gpus", 4) {
+  // Four ranks: the all_gathers and the min/max reduce_scatters (NCCL's bits in any order) run
+  // on the copy engines; sums are NCCL's unless copy_engine_reassociates says otherwise.
+  gather_scatter_equals_nccl(4, false);
+}
+
+GPUS_TEST_CASE("nccl.copy_engine_reassociated_sums.4_gpus", 4) {
+  // With copy_engine_reassociates a reduce_scatter of four ranks sums on the copy engines, in
+  // rank order in f32, rounded once: within half a unit in the last place of the exact sum
+  // (bf16), within f32's rounding of four terms (f32), and the same on every call.
+  cg::cuda::nccl_options opt;
+  opt.copy_engine = cg::cuda::copy_engine_all_reduce::always;
+  opt.copy_engine_reassociates = true;
+  const std::int64_t m = (1 << 18) + 3;
+  cg::cuda::run_gpus(
+      4,
+      [&](cg::rank_context& ctx) {
+        const int me = ctx.rank();
+        const std::uint64_t before = copy_engine_launched(ctx);
+        const auto input = [&](int r, int k) { return cg::uniform<cg::bf16>({4 * m}, -2, 2, 500 + 10 * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(r)); };
+        const auto inputf = [&](int r) { return cg::uniform<float>({4 * m}, -2, 2, 600 + static_cast<std::uint64_t>(r)); };
+        const auto sum_b = values(cg::reduce_scatter_tensor(input(me, 0), "sum", 0, ctx.world()));
+        const auto avg_b = values(cg::reduce_scatter_tensor(input(me, 1), "avg", 0, ctx.world()));
+        const auto sum_f = values(cg::reduce_scatter_tensor(inputf(me), "sum", 0, ctx.world()));
+        const auto again = values(cg::reduce_scatter_tensor(input(me, 0), "sum", 0, ctx.world()));
+        CHECK(copy_engine_launched(ctx) - before == 4);
+        CHECK(again == sum_b);
+        std::vector<std::vector<double>> xb0, xb1, xf;
+        for (int r = 0; r < 4; ++r) {
+          xb0.push_back(values(input(r, 0)));
+          xb1.push_back(values(input(r, 1)));
+          xf.push_back(values(inputf(r)));
+        }
+        for (std::int64_t i = 0; i < m; ++i) {
+          const auto j = static_cast<std::size_t>(me * m + i);
+          const auto o = static_cast<std::size_t>(i);
+          double sb0 = 0, sb1 = 0, sf = 0, af = 0;
+          for (int r = 0; r < 4; ++r) {
+            const auto rr = static_cast<std::size_t>(r);
+            sb0 += xb0[rr][j];
+            sb1 += xb1[rr][j];
+            sf += xf[rr][j];
+            af += std::abs(xf[rr][j]);
+          }
+          const double half_ulp = std::ldexp(1.0, -8);  // bf16: half an ulp is at most 2^-8 of the value
+          if (std::abs(sum_b[o] - sb0) > half_ulp * std::abs(sb0) + 1e-6 ||
+              std::abs(avg_b[o] - sb1 / 4) > half_ulp * std::abs(sb1 / 4) + 1e-6 ||
+              std::abs(sum_f[o] - sf) > 4 * 6e-8 * af) {
+            FAIL_CHECK("rank " << me << " element " << i << ": sum " << sum_b[o] << " vs " << sb0 << ", avg " << avg_b[o]
+                               << " vs " << sb1 / 4 << ", f32 " << sum_f[o] << " vs " << sf);
+            break;
+          }
+        }
+      },
+      opt);
 }
 
 GPUS_TEST_CASE("nccl.missing_rank_times_out.4_gpus", 4) {

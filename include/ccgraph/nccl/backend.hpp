@@ -4,8 +4,9 @@
 // set up non-blocking (from an exchanged id, or split from the world's for a mesh dimension),
 // so a peer that never arrives or dies ends in an error after a timeout (the rank's
 // communicators are aborted), never a hang; collectives run on a blocking child of each.
-// Large all_reduces of two-GPU groups that a schedule overlaps with compute run on the copy
-// engines instead (peer_channel.hpp), which leaves the SMs to the compute. A rank is made by
+// Large all_reduces of two-GPU groups, and all_gathers and reduce_scatters of GPUs that reach
+// each other, that a schedule overlaps with compute run on the copy engines instead
+// (peer_channel.hpp), which leaves the SMs to the compute. A rank is made by
 // run_gpus (a thread per GPU), init_from_env (a process per GPU) or adopt (on the caller's own
 // communicator and stream).
 #pragma once
@@ -64,7 +65,7 @@ enum class collective_stream : std::uint8_t {
   /// and joined back at the wait (PyTorch's c10d does the same): anything may overlap them.
   separate,
   /// The caller's stream for collectives a compiled graph's schedule overlaps with nothing
-  /// (collective_request::overlap is `none`) when no copy-engine all_reduce is still out on
+  /// (collective_request::overlap is `none`) when no copy-engine collective is still out on
   /// the communication stream (NCCL orders its own launches, not those), which saves the two
   /// cross-stream hops (host calls eagerly, graph edges in a CUDA Graph); the communication
   /// stream for the others and for eager calls. The default.
@@ -74,8 +75,11 @@ enum class collective_stream : std::uint8_t {
   caller,
 };
 
-/// Which all_reduces of two-GPU groups run on the copy engines (see peer_channel.hpp) instead of
-/// NCCL's kernels. Either way every rank gets the same values NCCL's sum gives.
+/// Which collectives run on the copy engines (see peer_channel.hpp) instead of NCCL's kernels:
+/// all_reduces of two-GPU groups, all_gathers and reduce_scatters of groups of up to
+/// peer_channel_max_ranks GPUs, where every GPU reaches every other (NVLink or PCIe peer
+/// access). Either way every rank gets the values NCCL gives (bit for bit, but see
+/// nccl_options::copy_engine_reassociates).
 enum class copy_engine_all_reduce : std::uint8_t {
   /// None: NCCL runs every collective.
   off,
@@ -114,12 +118,21 @@ struct nccl_options {
   /// default, or $CCGRAPH_OVERLAP_SMS) treats them like any other collective.
   int overlap_sms = env_int("CCGRAPH_OVERLAP_SMS");
 
-  /// Which all_reduces of two-GPU groups with peer access run on the copy engines. Defaults to
+  /// Which collectives run on the copy engines (see copy_engine_all_reduce). Defaults to
   /// $CCGRAPH_COPY_ENGINE_ALL_REDUCE (`off`, `overlapped` or `always`), else `overlapped`.
   copy_engine_all_reduce copy_engine = default_copy_engine();
 
-  /// The smallest all_reduce (bytes) `copy_engine` applies to: below it NCCL's latency wins.
+  /// The smallest collective (bytes, nccl-tests' size: the all_reduce's buffer, the
+  /// all_gather's output, the reduce_scatter's input) `copy_engine` applies to: below it NCCL's
+  /// latency wins.
   std::size_t copy_engine_min_bytes = std::size_t{1} << 20;
+
+  /// Lets reduce_scatters of more than two ranks sum, average or multiply on the copy engines:
+  /// each rank then reduces its chunk in rank order in f32, rounded once, where NCCL's ring
+  /// rounds after each step in an order of its own, so the last bits differ from NCCL's
+  /// (min and max, exact in any order, always may). Off by default: ccgraph's results are
+  /// NCCL's bits unless asked otherwise.
+  bool copy_engine_reassociates = false;
 
   /// $CCGRAPH_TIMEOUT_MS if set (a positive whole number of milliseconds, else an error naming
   /// it), else 300 s.
@@ -161,19 +174,63 @@ struct nccl_options {
 
 namespace detail {
 
+/// Bytes `req` sends each peer on a copy-engine channel (a slot's size): the all_reduce's and
+/// all_gather's input, the reduce_scatter's output.
+inline std::size_t copy_engine_slot_bytes(const ::ccgraph::detail::collective_request& req) {
+  const bool rs = std::holds_alternative<ops::reduce_scatter_tensor>(req.op);
+  const tensor_meta& m = (rs ? req.outputs : req.inputs)[0].meta;
+  return static_cast<std::size_t>(numel_of(m.shape)) * element_size(m.dtype);
+}
+
 /// Whether `req` may run on a copy-engine channel under `opt` (the channel must also exist:
-/// peer access, set-up outside a recording): a single all_reduce of a two-rank group, of a
-/// type and reduction the pair kernel has, large enough, and overlapped as the policy asks.
+/// peer access, set-up outside a recording): a single all_reduce of a two-rank group, a single
+/// all_gather_into_tensor or reduce_scatter_tensor of 2 to peer_channel_max_ranks ranks, a
+/// reduction of a type and op the kernel has whose bits are NCCL's (or
+/// nccl_options::copy_engine_reassociates), large enough (nccl-tests' size), and overlapped as
+/// the policy asks.
 inline bool copy_engine_eligible(const nccl_options& opt, const ::ccgraph::detail::collective_request& req) {
   using ::ccgraph::detail::overlap_hint;
   if (opt.copy_engine == copy_engine_all_reduce::off) return false;
-  const auto* ar = std::get_if<ops::all_reduce>(&req.op);
-  if (!ar || req.group.size() != 2 || req.inputs.size() != 1 || req.outputs.size() != 1) return false;
-  const tensor_meta& m = req.inputs[0].meta;
-  if (!pair_reduce_supports(m.dtype, ar->op)) return false;
-  if (static_cast<std::size_t>(numel_of(m.shape)) * element_size(m.dtype) < opt.copy_engine_min_bytes) return false;
+  const int n = req.group.size();
+  if (n < 2 || n > peer_channel_max_ranks || req.inputs.size() != 1 || req.outputs.size() != 1) return false;
+  const tensor_meta& in = req.inputs[0].meta;
+  const auto in_bytes = static_cast<std::size_t>(numel_of(in.shape)) * element_size(in.dtype);
+  std::size_t size = in_bytes;  // nccl-tests' size
+  const auto reduces = [&](reduce_op op) {
+    return peer_reduce_supports(in.dtype, op) && (peer_reduce_matches_nccl(op, n) || opt.copy_engine_reassociates);
+  };
+  if (const auto* ar = std::get_if<ops::all_reduce>(&req.op)) {
+    if (n != 2 || !reduces(ar->op)) return false;  // every peer gets the whole buffer: for pairs
+  } else if (std::holds_alternative<ops::all_gather_into_tensor>(req.op)) {
+    size = in_bytes * static_cast<std::size_t>(n);
+  } else if (const auto* rs = std::get_if<ops::reduce_scatter_tensor>(&req.op)) {
+    if (!reduces(rs->op)) return false;
+  } else {
+    return false;
+  }
+  if (size < opt.copy_engine_min_bytes) return false;
   return opt.copy_engine == copy_engine_all_reduce::always || req.overlap == overlap_hint::compute ||
          req.overlap == overlap_hint::matmul;
+}
+
+/// Queues `req` (copy_engine_eligible) on `ch` on stream `s`.
+inline void copy_engine_issue(const peer_channel& ch, const ::ccgraph::detail::collective_request& req,
+                              cudaStream_t s) {
+  const auto& in = req.inputs[0];
+  const auto& out = req.outputs[0];
+  void* i = buffer_address(in);
+  void* o = buffer_address(out);
+  const dtype dt = in.meta.dtype;
+  if (const auto* ar = std::get_if<ops::all_reduce>(&req.op)) {
+    ch.all_reduce(i, o, static_cast<std::size_t>(numel_of(in.meta.shape)), dt, ar->op, s);
+  } else if (std::holds_alternative<ops::all_gather_into_tensor>(req.op)) {
+    ch.all_gather(i, o, static_cast<std::size_t>(numel_of(in.meta.shape)), dt, s);
+  } else if (const auto* rs = std::get_if<ops::reduce_scatter_tensor>(&req.op)) {
+    ch.reduce_scatter(i, o, static_cast<std::size_t>(numel_of(out.meta.shape)), dt, rs->op, s);
+  } else {
+    const char* name = ::ccgraph::detail::visit([](const auto& op) { return op.name.data(); }, req.op);
+    CCGRAPH_THROW(::ccgraph::error, "copy-engine collective: ", name, " has no copy-engine form");
+  }
 }
 
 /// Where ranks publish and fetch the NCCL unique ids of their communicators: an in-process
@@ -607,11 +664,11 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     req->rank = rank_;
     const char* what = ::ccgraph::detail::visit([](const auto& o) { return o.name.data(); }, req->op);
     nvtx_scope range(what);  // Nsight Systems: the launch, named after the collective
-    // A copy-engine all_reduce always runs on the communication stream: the channel's flags
-    // need one order of its all_reduces on each rank, and two streams could run them at once.
+    // A copy-engine collective always runs on the communication stream: the channel's flags
+    // need one order of its collectives on each rank, and two streams could run them at once.
     const bool ce = copy_engine_eligible(opt_, *req) && !no_channel_.count({req->group.ranks, req->group.tag});
     // Automatic placement keeps a collective with nothing beside it on the caller's stream,
-    // but not while copy-engine all_reduces are still out on the communication stream: NCCL
+    // but not while copy-engine collectives are still out on the communication stream: NCCL
     // orders its own launches across streams, not those, so it would overtake them (a
     // decomposed matmul's last chunk, on NCCL's kernels on the caller's stream, started beside
     // its siblings' copy-engine all_reduces and waited for a peer still busy with them: 2 ms
@@ -637,9 +694,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
       CCGRAPH_CHECK_CUDA(cudaEventRecord(timing->start, s));
     }
     if (ch) {
-      const auto& in = req->inputs[0];
-      ch->all_reduce(buffer_ptr(in), buffer_ptr(req->outputs[0]), static_cast<std::size_t>(numel_of(in.meta.shape)),
-                     in.meta.dtype, std::get<ops::all_reduce>(req->op).op, s);
+      detail::copy_engine_issue(*ch, *req, s);
       ++copy_engine_launched_;
       ++unjoined_ce_;
     } else {
@@ -695,7 +750,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     return out;
   }
 
-  /// All_reduces this rank ran on a copy-engine channel (recorded ones counted when recorded).
+  /// Collectives this rank ran on a copy-engine channel (recorded ones counted when recorded).
   std::uint64_t copy_engine_launched() const { return copy_engine_launched_; }
 
   /// The calling thread's stream waits for everything launched on the communication stream.
@@ -744,7 +799,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   /// (adopt_world) is aborted too when `adopted` (its abort function; a hang on it has no other
   /// end), else only forgotten.
   void abort_comms(bool adopted = true) {
-    // First let queued copy-engine all_reduces pass their waits: NCCL's abort frees device
+    // First let queued copy-engine collectives pass their waits: NCCL's abort frees device
     // memory, and cudaFree waits for the whole device, a stream stuck on a flag included.
     release_channels();
     for (auto& [k, c] : comms_) {
@@ -1020,9 +1075,6 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     CCGRAPH_THROW(::ccgraph::timeout_error, local_failure_);
   }
 
-  /// The address of a buffer's first element.
-  static void* buffer_ptr(const ::ccgraph::detail::buffer& b) { return detail::buffer_address(b); }
-
   /// The copy-engine channel of `req`'s group with room for its input, set up or grown now on
   /// `s`, the communication stream (both ranks reach this call together: they run the same
   /// collectives); null where the group has none (then NCCL runs it). Nothing is set up while
@@ -1033,15 +1085,14 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     const auto& ranks = req.group.ranks;
     const comm_key key{ranks, req.group.tag};
     if (no_channel_.count(key)) return nullptr;
-    const auto& in = req.inputs[0];
-    const std::size_t bytes = static_cast<std::size_t>(numel_of(in.meta.shape)) * element_size(in.meta.dtype);
+    const std::size_t bytes = detail::copy_engine_slot_bytes(req);
     auto it = channels_.find(key);
     if (it != channels_.end() && it->second->capacity() >= bytes) return it->second.get();
     if (in_capture) return nullptr;
     const ncclComm_t c = comm_for(ranks, req.group.partition, req.group.tag);
     device_scope scope(device_);
     if (it == channels_.end()) {
-      auto ch = peer_channel::open(c, req.group.index_of(rank_), device_, bytes, s);
+      auto ch = peer_channel::open(c, req.group.index_of(rank_), req.group.size(), device_, bytes, s);
       if (!ch) {
         no_channel_.insert(key);
         return nullptr;
@@ -1055,7 +1106,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
     return it->second.get();
   }
 
-  /// After an abort: lets this rank's queued copy-engine all_reduces pass their waits until its
+  /// After an abort: lets this rank's queued copy-engine collectives pass their waits until its
   /// streams drain (at most two seconds), so that nothing waits for a peer that is gone.
   void release_channels() noexcept {
     if (channels_.empty()) return;
@@ -1095,7 +1146,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   ncclComm_t adopted_ = nullptr;  // the caller's world communicator (adopt_world), if any
   std::function<void(ncclComm_t)> abort_adopted_;  // how to end a hang on it; null: ncclCommAbort
   bool adopted_aborted_ = false;
-  std::map<comm_key, std::unique_ptr<peer_channel>> channels_;  // copy-engine all_reduce, per group
+  std::map<comm_key, std::unique_ptr<peer_channel>> channels_;  // copy-engine collectives, per group
   std::set<comm_key> no_channel_;  // groups whose ranks cannot have one
   std::uint64_t copy_engine_launched_ = 0;
   std::deque<inflight> inflight_;
@@ -1106,7 +1157,7 @@ class nccl_rank final : public ::ccgraph::detail::communicator,
   wait_watchdog watchdog_;
   std::vector<int> world_ranks_ = all_ranks(world_size_);  // the world communicator's key
   int unjoined_[2] = {0, 0};  // on the communication stream, not yet waited ([1]: capped ones)
-  int unjoined_ce_ = 0;       // of those, copy-engine all_reduces
+  int unjoined_ce_ = 0;       // of those, copy-engine collectives
   std::uint64_t launched_[2] = {0, 0};  // see launched()
   cudaStream_t joined_stream_ = nullptr;  // the stream the last eager join() ordered ...
   std::uint64_t joined_at_ = ~std::uint64_t{0};  // ... after this many communication-stream launches
