@@ -103,6 +103,57 @@ TEST_CASE("schedule.seed.reorder_compute_for_overlap") {
   }
 }
 
+TEST_CASE("schedule.reorder_compute_for_overlap.waits_stay_at_their_readers") {
+  // An FSDP forward: four weights gathered up front, each read by one matmul of a chain. The
+  // walk takes the gathers' waits as free fillers; a wait placed before compute that does not
+  // read it held that compute back on the GPU (the first projection of an FSDP block waited for
+  // every weight's gather). After the pass each wait sits just before its first reader.
+  auto fsdp = [](auto x, auto w1, auto w2, auto w3, auto w4) {
+    auto g1 = cg::all_gather_tensor(w1, 0, pair);
+    auto g2 = cg::all_gather_tensor(w2, 0, pair);
+    auto g3 = cg::all_gather_tensor(w3, 0, pair);
+    auto g4 = cg::all_gather_tensor(w4, 0, pair);
+    auto h = cg::eval(cg::relu(x));
+    auto a = cg::matmul(h, cg::wait_tensor(g1));
+    auto b = cg::matmul(a, cg::wait_tensor(g2));
+    auto c = cg::matmul(b, cg::wait_tensor(g3));
+    return cg::matmul(c, cg::wait_tensor(g4));
+  };
+  const auto in = cg::input<float>({8, 8}), w = cg::input<float>({4, 8});
+  auto g = cg::trace(two_ranks, fsdp, in, w, w, w, w);
+  cg::schedule_options opt;
+  opt.estimate_runtime = [](const cg::node& n) {
+    if (n.is_collective()) return 100.0;
+    if (n.is_wait()) return 0.0;
+    if (n.op() == "matmul") return 300.0;
+    return 10.0;
+  };
+  for (const auto& passes : std::vector<std::vector<std::string>>{
+           {"reorder_compute_for_overlap"}, {"sink_waits", "raise_comms", "reorder_compute_for_overlap"}}) {
+    auto s = cg::schedule(g, passes, opt);
+    INFO(s);
+    const auto nodes = s.nodes();
+    std::size_t waits = 0;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      if (!nodes[i]->is_wait()) continue;
+      ++waits;
+      // Only other waits stand between a wait and its first reader.
+      std::size_t first = nodes.size();
+      for (const cg::node* u : nodes[i]->users()) first = std::min(first, s.position(u));
+      REQUIRE(first < nodes.size());
+      for (std::size_t k = i + 1; k < first; ++k) CHECK(nodes[k]->is_wait());
+    }
+    CHECK(waits == 4);
+    // The gathers all go before the first matmul, each waited only where it is read.
+    const auto seq = cg::op_sequence(s);
+    CHECK(in_order(seq, {"all_gather_into_tensor", "all_gather_into_tensor", "all_gather_into_tensor",
+                         "all_gather_into_tensor", "wait_tensor", "matmul", "wait_tensor", "matmul", "wait_tensor",
+                         "matmul", "wait_tensor", "matmul"}));
+    const auto t = cg::predict(s, opt);
+    CHECK(t.exposed_comm_us <= 100.0 + 1e-9);  // at most the first gather, which nothing precedes
+  }
+}
+
 TEST_CASE("schedule.overlap.hides_second_all_reduce_behind_independent_matmul") {
   // The first all_reduce (600) is longer than relu + d (340), so Inductor's pass spends the
   // independent matmul g on it and leaves the second all_reduce fully exposed; ours waits 260

@@ -155,7 +155,9 @@ CCGRAPH_DECL void raise_comms(graph& g);
 /// microseconds, not negative.
 ///
 /// Each group of nodes goes in program order (the original order is topological, so that is
-/// the order Inductor's repeated sweeps over a group produce).
+/// the order Inductor's repeated sweeps over a group produce). Finally every wait moves just
+/// before its first reader (sink_waits): the walk may take a wait as a free filler, and a wait
+/// placed before compute that does not read it would hold that compute back.
 CCGRAPH_DECL void reorder_compute_for_overlap(graph& g, const runtime_estimator& estimate);
 
 /// Options of our own `overlap` scheduler.

@@ -256,6 +256,12 @@ CCGRAPH_DECL void reorder_compute_for_overlap(graph& g, const runtime_estimator&
   for (std::size_t i = 0; i < n; ++i)
     if (!scheduled[i]) schedule_node(i);
   detail::apply_order(g, d, order);
+  // Step 2 takes a ready wait as a filler (it costs nothing), which puts it before compute that
+  // does not read it, and a wait blocks everything after it on the compute stream: in an FSDP
+  // block (32 MiB weights, 180 us projections) every weight's wait came before the first
+  // projection, which then waited for all the gathers (430 us on 2 x H200). Each wait goes
+  // just before its first reader instead (Inductor runs sink_waits after this pass by default).
+  sink_waits(g);
 }
 
 CCGRAPH_DECL void overlap(graph& g, const runtime_estimator& estimate, const overlap_options& opt) {
