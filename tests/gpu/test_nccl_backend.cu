@@ -1041,9 +1041,11 @@ TEST_CASE("nccl.copy_engine_all_reduce_equals_nccl.2_gpus" * doctest::skip(ccgra
   }
 }
 
-TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
-  // Rank 1 fails after the channel is set up; rank 0's next all_reduce waits on the copy
-  // engines for data that never comes, until the abort lets its stream drain.
+/// Rank 1 fails after the copy-engine channel is set up by `first` (one collective on the copy
+/// engines, checked); rank 0's `again` then waits on the copy engines for data that never comes,
+/// until the abort lets its stream drain: it ends with an error naming rank 1, never a hang.
+void copy_engine_failed_peer_case(const std::function<void(cg::rank_context&)>& first,
+                                  const std::function<void(cg::rank_context&)>& again) {
   cg::cuda::nccl_options opt;
   opt.copy_engine = cg::cuda::copy_engine_all_reduce::always;
   std::string peer;
@@ -1051,13 +1053,11 @@ TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::
   CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(
                            2,
                            [&](cg::rank_context& ctx) {
-                             const auto x = cg::ones<float>({1 << 20});
-                             CHECK(cg::all_reduce(x, "sum", ctx.world()).to_vector() ==
-                                   std::vector<float>(std::size_t{1} << 20, 2.f));
+                             first(ctx);
                              CHECK(copy_engine_launched(ctx) == 1);
                              if (ctx.rank() == 1) throw std::runtime_error("rank one broke");
                              try {
-                               (void)cg::all_reduce(x, "sum", ctx.world()).to_vector();
+                               again(ctx);
                              } catch (const cg::error& e) {
                                std::lock_guard lk(mu);
                                peer = e.what();
@@ -1069,35 +1069,26 @@ TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::
   CHECK(peer.find("rank 1") != std::string::npos);
 }
 
+TEST_CASE("nccl.copy_engine_all_reduce_of_a_failed_peer_ends.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
+  const auto x = [] { return cg::ones<float>({1 << 20}); };
+  copy_engine_failed_peer_case(
+      [&](cg::rank_context& ctx) {
+        CHECK(cg::all_reduce(x(), "sum", ctx.world()).to_vector() == std::vector<float>(std::size_t{1} << 20, 2.f));
+      },
+      [&](cg::rank_context& ctx) { (void)cg::all_reduce(x(), "sum", ctx.world()).to_vector(); });
+}
+
 GPUS_TEST_CASE("nccl.copy_engine_gather_scatter_equals_nccl.2_gpus", 2) { gather_scatter_equals_nccl(2, true); }
 
 TEST_CASE("nccl.copy_engine_gather_of_a_failed_peer_ends.2_gpus" * doctest::skip(ccgraph_test::gpu_count() < 2)) {
-  // Rank 1 fails after the channel is set up; rank 0's next all_gather waits on the copy
-  // engines for data that never comes, until the abort lets its stream drain.
-  cg::cuda::nccl_options opt;
-  opt.copy_engine = cg::cuda::copy_engine_all_reduce::always;
-  std::string peer;
-  std::mutex mu;
-  CHECK_THROWS_WITH_AS(cg::cuda::run_gpus(
-                           2,
-                           [&](cg::rank_context& ctx) {
-                             const auto x = cg::full<float>({1 << 20}, static_cast<float>(ctx.rank()));
-                             const auto g = cg::all_gather_tensor(x, 0, ctx.world()).to_vector();
-                             CHECK(g[0] == 0.f);
-                             CHECK(g[std::size_t{1} << 20] == 1.f);
-                             CHECK(copy_engine_launched(ctx) == 1);
-                             if (ctx.rank() == 1) throw std::runtime_error("rank one broke");
-                             try {
-                               (void)cg::all_gather_tensor(x, 0, ctx.world()).to_vector();
-                             } catch (const cg::error& e) {
-                               std::lock_guard lk(mu);
-                               peer = e.what();
-                               throw;
-                             }
-                           },
-                           opt),
-                       "rank one broke", std::runtime_error);
-  CHECK(peer.find("rank 1") != std::string::npos);
+  const auto x = [](cg::rank_context& ctx) { return cg::full<float>({1 << 20}, static_cast<float>(ctx.rank())); };
+  copy_engine_failed_peer_case(
+      [&](cg::rank_context& ctx) {
+        const auto g = cg::all_gather_tensor(x(ctx), 0, ctx.world()).to_vector();
+        CHECK(g[0] == 0.f);
+        CHECK(g[std::size_t{1} << 20] == 1.f);
+      },
+      [&](cg::rank_context& ctx) { (void)cg::all_gather_tensor(x(ctx), 0, ctx.world()).to_vector(); });
 }
 
 TEST_CASE("nccl.run_gpus_rejects_more_ranks_than_gpus") {
