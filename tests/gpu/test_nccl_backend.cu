@@ -757,8 +757,9 @@ results gather_scatter_suite(cg::rank_context& ctx, const cg::group& g, int me, 
   for (bool replay : {false, true}) {
     auto run = cg::compile(s, ctx, {.cuda_graph = replay});
     for (int call = 0; call < 3; ++call) {
-      const auto [a, b] = run(cg::uniform<float>({512, 512}, -1, 1, seed(++k)),
-                              cg::uniform<float>({512 * n, 512}, -1, 1, seed(++k)));
+      const std::uint64_t ka = ++k, kb = ++k;  // (two ++k in one call's arguments: unsequenced)
+      const auto [a, b] = run(cg::uniform<float>({512, 512}, -1, 1, seed(ka)),
+                              cg::uniform<float>({512 * n, 512}, -1, 1, seed(kb)));
       out["program ag " + std::to_string(replay) + " " + std::to_string(call)] = values(a);
       out["program rs " + std::to_string(replay) + " " + std::to_string(call)] = values(b);
     }
