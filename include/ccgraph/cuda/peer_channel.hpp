@@ -141,9 +141,6 @@ class peer_channel {
     return ch;
   }
 
-  /// Ranks of the channel.
-  int ranks() const { return ranks_; }
-
   /// Bytes a slot holds: what one rank may send one peer per collective.
   std::size_t capacity() const { return capacity_; }
 

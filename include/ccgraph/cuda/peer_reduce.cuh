@@ -108,15 +108,14 @@ __global__ void peer_reduce_kernel(peer_reduce_args<T> a, T* out, std::size_t n,
 template <class T>
 inline void launch_peer_reduce_typed(const peer_reduce_sources& src, void* out, std::size_t n, reduce_op op,
                                      cudaStream_t s) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   CCGRAPH_CHECK(src.count >= 1 && src.count <= peer_channel_max_ranks, "copy-engine reduction: ", src.count,
                 " sources, but the kernel takes 1 to ", peer_channel_max_ranks);
   peer_reduce_args<T> a{};
   a.count = src.count;
-  bool vec = aligned(out);
+  bool vec = ::ccgraph::detail::aligned16(out);
   for (int q = 0; q < src.count; ++q) {
     a.src[q] = static_cast<const T*>(src.ptr[q]);
-    vec = vec && aligned(src.ptr[q]);
+    vec = vec && ::ccgraph::detail::aligned16(src.ptr[q]);
   }
   // A few blocks per SM: it is memory-bound, and it should leave SMs free quickly.
   const int grid = pointwise_sm_count() * 4;
